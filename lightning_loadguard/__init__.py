@@ -1,0 +1,1 @@
+"""lightning-loadguard: what limits your training, measured."""
