@@ -1,0 +1,139 @@
+"""The window snapshot: everything the meters saw over the last N training steps of one rank.
+
+It is the single hand-off between the instruments and everything that reasons about them (diagnosis,
+tuning, logging). Plain data, no behaviour beyond derived figures, so that the model and the rules can be
+unit-tested on synthetic snapshots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import fmean
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The train loader's settings as the trainer iterates it.
+
+    Example:
+        >>> LoaderSettings(num_workers=4, prefetch_factor=2).batches_in_flight
+        8
+    """
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    batch_size: int | None = None
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches that can exist at once between the workers and the consumer.
+
+        ``num_workers x prefetch_factor`` outstanding batches, plus one transient pinned copy when
+        ``pin_memory`` is on. With ``num_workers=0`` nothing is prefetched.
+        """
+        if self.num_workers <= 0:
+            return 0
+        depth = self.num_workers * (self.prefetch_factor or 2)
+        return depth + (1 if self.pin_memory else 0)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What this host offers and what its training processes claim."""
+
+    cpu_count: int
+    processes_on_host: int = 1
+    available_ram_bytes: int | None = None
+    shm_free_bytes: int | None = None
+
+    @property
+    def cores_per_process(self) -> float:
+        return self.cpu_count / max(1, self.processes_on_host)
+
+
+@dataclass(frozen=True)
+class WindowSnapshot:
+    """One rank's measurements over a rolling window of training steps (seconds unless stated).
+
+    Attributes:
+        wait_s: per step, the time the loop blocked fetching its batch.
+        step_s: per step, the rest of the step (compute, transfer, callbacks; validation excluded).
+        transfer_s: per step, the time spent moving the batch to the device (part of ``step_s``).
+        ready: per fetch, whether a batch was already waiting (``None`` where it cannot be known).
+        buffer_level: per fetch, batches waiting in the loader's buffer (``None`` where unknown).
+        production_s: per produced batch, the busy time of the worker that made it (fetch + collate),
+            in completion order; empty when the producer is not instrumented.
+        producer_rate: sustainable batches/s of all workers together, or ``None`` if unmeasured.
+        epoch_start_s: the iterator start-up time (worker launch) of recent epochs.
+        batch_bytes: size of one batch in host memory, or ``None``.
+        rank_wait_fractions: under DDP, every rank's wait fraction (index = global rank).
+        inflight_host_bytes: in-flight batch bytes summed over this host's training processes.
+    """
+
+    wait_s: tuple[float, ...]
+    step_s: tuple[float, ...]
+    settings: LoaderSettings = field(default_factory=LoaderSettings)
+    host: HostFacts = field(default_factory=lambda: HostFacts(cpu_count=1))
+    transfer_s: tuple[float, ...] = ()
+    ready: tuple[bool, ...] | None = None
+    buffer_level: tuple[int, ...] | None = None
+    production_s: tuple[float, ...] = ()
+    producer_rate: float | None = None
+    epoch_start_s: tuple[float, ...] = ()
+    batch_bytes: int | None = None
+    rank_wait_fractions: tuple[float, ...] = ()
+    inflight_host_bytes: int | None = None
+    producer_instrumented: bool = True
+
+    @property
+    def steps(self) -> int:
+        return len(self.wait_s)
+
+    @property
+    def loop_s(self) -> float:
+        return sum(self.wait_s) + sum(self.step_s)
+
+    @property
+    def wait_fraction(self) -> float:
+        """Share of loop time spent waiting for data (0..1)."""
+        total = self.loop_s
+        return sum(self.wait_s) / total if total > 0 else 0.0
+
+    @property
+    def mean_wait_s(self) -> float:
+        return fmean(self.wait_s) if self.wait_s else 0.0
+
+    @property
+    def mean_step_s(self) -> float:
+        return fmean(self.step_s) if self.step_s else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Batches per second achieved by the loop."""
+        total = self.loop_s
+        return self.steps / total if total > 0 else 0.0
+
+    @property
+    def consumer_rate(self) -> float:
+        """Batches per second the loop would reach if it never waited for data."""
+        mean = self.mean_step_s
+        return 1.0 / mean if mean > 0 else float("inf")
+
+    @property
+    def ready_fraction(self) -> float | None:
+        if not self.ready:
+            return None
+        return sum(self.ready) / len(self.ready)
+
+    @property
+    def mean_production_s(self) -> float | None:
+        return fmean(self.production_s) if self.production_s else None
+
+    @property
+    def inflight_bytes(self) -> int | None:
+        """In-flight batch bytes of this rank's loader alone."""
+        if self.batch_bytes is None:
+            return None
+        return self.batch_bytes * self.settings.batches_in_flight
