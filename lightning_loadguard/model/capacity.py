@@ -1,0 +1,261 @@
+"""Capacity arithmetic: producer rates, workers needed, host budgets and prefetch depth for bursts.
+
+Everything here is a pure function of measured figures, so that the diagnosis (and a tuner) can explain
+each number it reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean
+
+from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.model.buffer import simulate_buffer
+
+BURST_MARGIN = 0.2
+"""Extra producer capacity asked of :func:`workers_needed` beyond Little's law's mean figure.
+
+Little's law sizes the workers for the mean production time; at exactly that size the buffer sits at
+utilisation 1 and every burst becomes a stall. 20 % spare capacity keeps the steady-state wait of the
+M/M/1/K estimate below 2 % of a step from a depth of 8 batches on.
+"""
+
+RAM_BUDGET_SHARE = 0.5
+"""Share of the host's available RAM that in-flight batches may claim (tf.data's autotuner budget)."""
+
+SHM_BUDGET_SHARE = 0.8
+"""Share of free ``/dev/shm`` that worker-to-trainer batches may claim; a full shm kills workers."""
+
+PREFETCH_TOLERANCE = 0.01
+"""A depth is deep enough when its replayed wait per step is within this share of a step of the
+deep-buffer optimum: 1 % of step time is below what run-to-run noise shows."""
+
+DEEP_PREFETCH = 32
+"""Prefetch factor taken as "deep" when computing the optimum; also the largest depth recommended."""
+
+REPLAY_MIN_STEPS = 256
+"""Shortest replay: enough steps that the start-up fill (the same at every depth) does not dominate."""
+
+REPLAY_CYCLES = 4
+"""Times the longer measured sequence is replayed, so production and step times meet in new pairings."""
+
+
+@dataclass(frozen=True)
+class PrefetchAdvice:
+    """The smallest prefetch depth that absorbs the measured bursts.
+
+    Attributes:
+        prefetch_factor: recommended ``prefetch_factor``.
+        batches_in_flight: ``num_workers x prefetch_factor`` at that setting.
+        expected_wait_s: replayed mean wait per step at that depth.
+        expected_wait_fraction: replayed share of loop time spent waiting at that depth.
+        optimum_wait_s: replayed mean wait per step with a deep buffer (``DEEP_PREFETCH``).
+    """
+
+    prefetch_factor: int
+    batches_in_flight: int
+    expected_wait_s: float
+    expected_wait_fraction: float
+    optimum_wait_s: float
+
+
+def producer_capacity(production_s: Sequence[float], num_workers: int) -> float:
+    """Sustainable batches per second of a loader: ``num_workers / mean production time``.
+
+    With ``num_workers == 0`` batches are made in the training process, one at a time, so the figure is
+    ``1 / mean``; such a producer never overlaps with the step.
+
+    Example:
+        >>> producer_capacity([0.2, 0.3], num_workers=4)
+        16.0
+    """
+    mean = _mean_time("production_s", production_s)
+    workers = _count("num_workers", num_workers)
+    if mean == 0:
+        return float("inf")
+    return max(1, workers) / mean
+
+
+def has_deficit(production_s: Sequence[float], step_s: Sequence[float], num_workers: int) -> bool:
+    """Whether the producer is slower on average than the consumer (no buffer depth can hide that).
+
+    Example:
+        >>> has_deficit([0.5], [0.1], num_workers=4), has_deficit([0.3], [0.1], num_workers=4)
+        (True, False)
+    """
+    capacity = producer_capacity(production_s, num_workers)
+    return capacity * _mean_time("step_s", step_s) < 1.0
+
+
+def workers_needed(
+    mean_production_s: float, consumer_rate: float, *, burst_margin: float = BURST_MARGIN
+) -> int:
+    """Workers that keep up with a consumer: Little's law plus a burst margin.
+
+    Batches in flight = rate x time each spends being made, so hiding a production time ``P`` at a
+    consumer rate ``C`` takes ``P x C`` busy workers; ``burst_margin`` adds spare capacity on top.
+
+    Example:
+        >>> workers_needed(0.3, consumer_rate=10.0)  # 3 busy workers, + 20 %
+        4
+    """
+    if not (math.isfinite(mean_production_s) and mean_production_s >= 0):
+        raise ValueError(f"mean_production_s must be a finite number >= 0, got {mean_production_s!r}")
+    if not (consumer_rate > 0 and not math.isnan(consumer_rate)):
+        raise ValueError(f"consumer_rate must be > 0, got {consumer_rate!r}")
+    if not (math.isfinite(burst_margin) and burst_margin >= 0):
+        raise ValueError(f"burst_margin must be a finite number >= 0, got {burst_margin!r}")
+    if mean_production_s == 0:
+        return 0
+    busy = mean_production_s * consumer_rate * (1.0 + burst_margin)
+    # Rounding noise must not turn an exact fit (e.g. 2.0000000001) into one more process.
+    return max(1, math.ceil(busy - 1e-9))
+
+
+def worker_budget(host: HostFacts) -> int:
+    """Loader workers each training process can run without oversubscribing the host's cores.
+
+    Every training process keeps one core for its own loop; the rest of its share goes to workers.
+
+    Example:
+        >>> worker_budget(HostFacts(cpu_count=32, processes_on_host=4))
+        7
+    """
+    if host.cpu_count < 1:
+        raise ValueError(f"host.cpu_count must be >= 1, got {host.cpu_count!r}")
+    return max(0, math.floor(host.cores_per_process) - 1)
+
+
+def host_inflight_bytes(batch_bytes: int, batches_in_flight: int, processes_on_host: int) -> int:
+    """In-flight batch bytes summed over a host: every training process runs its own loader.
+
+    Example:
+        >>> host_inflight_bytes(50_000_000, batches_in_flight=8, processes_on_host=4)
+        1600000000
+    """
+    return (
+        _count("batch_bytes", batch_bytes)
+        * _count("batches_in_flight", batches_in_flight)
+        * _count("processes_on_host", processes_on_host)
+    )
+
+
+def memory_budget(host: HostFacts, *, uses_shm: bool = True) -> int | None:
+    """Bytes the host's in-flight batches may claim, or ``None`` when neither RAM nor shm is known.
+
+    The smaller of ``RAM_BUDGET_SHARE`` of available RAM and (for worker processes, whose batches travel
+    through ``/dev/shm``) ``SHM_BUDGET_SHARE`` of free shm.
+
+    Example:
+        >>> memory_budget(HostFacts(cpu_count=8, available_ram_bytes=16_000, shm_free_bytes=4_000))
+        3200
+    """
+    limits = []
+    if host.available_ram_bytes is not None:
+        limits.append(int(host.available_ram_bytes * RAM_BUDGET_SHARE))
+    if uses_shm and host.shm_free_bytes is not None:
+        limits.append(int(host.shm_free_bytes * SHM_BUDGET_SHARE))
+    return min(limits) if limits else None
+
+
+def max_batches_in_flight(batch_bytes: int, host: HostFacts, *, uses_shm: bool = True) -> int | None:
+    """Most batches each process's loader may hold within :func:`memory_budget`, or ``None`` if unknown.
+
+    Example:
+        >>> max_batches_in_flight(100, HostFacts(cpu_count=8, processes_on_host=2, available_ram_bytes=4_000))
+        10
+    """
+    budget = memory_budget(host, uses_shm=uses_shm)
+    if budget is None:
+        return None
+    per_batch = _count("batch_bytes", batch_bytes) * max(1, host.processes_on_host)
+    return budget // per_batch if per_batch else None
+
+
+def recommend_prefetch(
+    production_s: Sequence[float],
+    step_s: Sequence[float],
+    *,
+    num_workers: int,
+    tolerance: float = PREFETCH_TOLERANCE,
+    deep_prefetch: int = DEEP_PREFETCH,
+) -> PrefetchAdvice | None:
+    """The smallest ``prefetch_factor`` whose replayed wait is within ``tolerance`` of a deep buffer's.
+
+    The measured production and step times are replayed through :func:`simulate_buffer` at each depth.
+    Returns ``None`` when the producer is slower on average than the consumer: a buffer only postpones
+    that stall, so no depth is worth recommending.
+
+    Args:
+        production_s: measured busy time per batch of one worker.
+        step_s: measured consumer time per step.
+        num_workers: workers the loader runs (>= 1).
+        tolerance: allowed extra wait per step over the optimum, as a share of the mean step time.
+        deep_prefetch: the depth taken as the optimum and the largest one recommended.
+
+    Example:
+        One batch in eight takes 0.6 s, the rest 0.05 s, and the step 0.15 s: capacity suffices on average,
+        and a few batches of buffer absorb the slow one.
+
+        >>> advice = recommend_prefetch([0.05] * 7 + [0.6], [0.15], num_workers=1)
+        >>> advice.prefetch_factor, round(advice.expected_wait_s, 3)
+        (4, 0.0)
+        >>> recommend_prefetch([0.5], [0.1], num_workers=2) is None  # a deficit
+        True
+    """
+    workers = _count("num_workers", num_workers)
+    if workers < 1:
+        raise ValueError(f"num_workers must be >= 1 for a prefetch depth, got {num_workers!r}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    if isinstance(deep_prefetch, bool) or not isinstance(deep_prefetch, int) or deep_prefetch < 1:
+        raise ValueError(f"deep_prefetch must be an integer >= 1, got {deep_prefetch!r}")
+    if has_deficit(production_s, step_s, workers):
+        return None
+    steps = max(REPLAY_MIN_STEPS, REPLAY_CYCLES * max(len(production_s), len(step_s)))
+
+    def replay(prefetch: int) -> tuple[float, float]:
+        run = simulate_buffer(
+            production_s,
+            step_s,
+            num_workers=workers,
+            prefetch_factor=prefetch,
+            steps=steps,
+            record_levels=False,
+        )
+        return run.mean_wait_s, run.wait_fraction
+
+    optimum, _ = replay(deep_prefetch)
+    allowed = optimum + tolerance * fmean(step_s)
+    # The total wait never grows with depth, so the first depth within the allowance is found by bisection.
+    low, high = 1, deep_prefetch
+    while low < high:
+        middle = (low + high) // 2
+        if replay(middle)[0] <= allowed:
+            high = middle
+        else:
+            low = middle + 1
+    wait, fraction = replay(low)
+    return PrefetchAdvice(
+        prefetch_factor=low,
+        batches_in_flight=workers * low,
+        expected_wait_s=wait,
+        expected_wait_fraction=fraction,
+        optimum_wait_s=optimum,
+    )
+
+
+def _mean_time(name: str, values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError(f"{name} must hold at least one time, got an empty sequence")
+    if any(not (math.isfinite(v) and v >= 0) for v in values):
+        raise ValueError(f"{name} must hold finite times >= 0")
+    return fmean(values)
+
+
+def _count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
