@@ -1,0 +1,139 @@
+"""Everything that touches Lightning's internals, in one place, each with a fallback.
+
+Works with the unified ``lightning`` package and with the standalone ``pytorch_lightning`` package.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - the standalone package only
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+
+Callback = pl.Callback
+
+_FETCH_ACTION_SUFFIX = "].train_dataloader_next"
+_FETCH_ACTION_PREFIX = "[_TrainingEpochLoop"
+_TRANSFER_ACTION_SUFFIX = ".batch_to_device"
+
+
+class FetchTimingProfiler:
+    """Wraps the trainer's profiler to see exactly when the training loop fetches and transfers batches.
+
+    Lightning brackets every training fetch with ``profiler.start/stop("[_TrainingEpochLoop]
+    .train_dataloader_next")`` and every transfer with ``profiler.profile("[Strategy]....batch_to_device")``.
+    Everything else is passed through to the user's profiler untouched.
+    """
+
+    _own = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "_on_transfer", "_transfer_start"})
+
+    def __init__(
+        self,
+        inner: Any,
+        on_fetch_start: Callable[[float], None],
+        on_fetch_stop: Callable[[float], None],
+        on_transfer: Callable[[float], None],
+    ) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_on_fetch_start", on_fetch_start)
+        object.__setattr__(self, "_on_fetch_stop", on_fetch_stop)
+        object.__setattr__(self, "_on_transfer", on_transfer)
+        object.__setattr__(self, "_transfer_start", None)
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+    def start(self, action_name: str) -> None:
+        self._inner.start(action_name)
+        if action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX):
+            self._on_fetch_start(time.perf_counter())
+        elif action_name.endswith(_TRANSFER_ACTION_SUFFIX):
+            object.__setattr__(self, "_transfer_start", time.perf_counter())
+
+    def stop(self, action_name: str) -> None:
+        if action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX):
+            self._on_fetch_stop(time.perf_counter())
+        elif action_name.endswith(_TRANSFER_ACTION_SUFFIX) and self._transfer_start is not None:
+            self._on_transfer(time.perf_counter() - self._transfer_start)
+            object.__setattr__(self, "_transfer_start", None)
+        self._inner.stop(action_name)
+
+    @contextmanager
+    def profile(self, action_name: str) -> Iterator[str]:
+        try:
+            self.start(action_name)
+            yield action_name
+        finally:
+            self.stop(action_name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+
+def install_profiler(trainer: Any, proxy_factory: Callable[[Any], FetchTimingProfiler]) -> bool:
+    if isinstance(trainer.profiler, FetchTimingProfiler):
+        return False
+    trainer.profiler = proxy_factory(trainer.profiler)
+    return True
+
+
+def uninstall_profiler(trainer: Any) -> None:
+    if isinstance(trainer.profiler, FetchTimingProfiler):
+        trainer.profiler = trainer.profiler.inner
+
+
+def hook_loaders_ready(trainer: Any, on_ready: Callable[[list[Any]], None]) -> bool:
+    """Call ``on_ready(loaders)`` each time the fit loop has built its train loaders, before ``iter()``.
+
+    Lightning creates the epoch-0 iterator (and starts workers) inside ``FitLoop.setup_data`` right after
+    restoring loader states; no public hook runs between the two. Returns ``False`` where that internal
+    step does not exist (the caller then instruments at ``on_train_start``, one iterator later).
+    """
+    fit_loop = trainer.fit_loop
+    original = getattr(type(fit_loop), "_load_combined_loader_states", None)
+    if original is None:
+        return False
+
+    def load_states_then_notify() -> None:
+        original(fit_loop)
+        combined = fit_loop._combined_loader
+        if combined is not None:
+            on_ready(list(combined.flattened))
+
+    fit_loop._load_combined_loader_states = load_states_then_notify
+    return True
+
+
+def unhook_loaders_ready(trainer: Any) -> None:
+    trainer.fit_loop.__dict__.pop("_load_combined_loader_states", None)
+
+
+def train_loaders(trainer: Any) -> list[Any]:
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    return list(combined.flattened) if combined is not None else []
+
+
+def should_log(trainer: Any) -> bool:
+    """Lightning's own decision to log on this step (``log_every_n_steps``)."""
+    try:
+        return bool(trainer._logger_connector.should_update_logs)
+    except AttributeError:
+        n = trainer.log_every_n_steps
+        return n > 0 and (trainer.global_step + 1) % n == 0
+
+
+def log_step(trainer: Any) -> int:
+    """The step axis Lightning's own logged metrics use."""
+    try:
+        return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    except AttributeError:
+        return int(trainer.global_step)

@@ -1,0 +1,344 @@
+"""``LoadGuard``: the Lightning callback that wires the trainer's hooks to the meters and the loggers."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+
+from lightning_loadguard import _lightning as _pl
+from lightning_loadguard.dashboard import custom_scalars_layout
+from lightning_loadguard.meters.accelerator import GpuUtilization
+from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.host import batch_nbytes, host_facts, host_key
+from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
+from lightning_loadguard.meters.producer import ProducerMeter
+from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
+from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.report import format_summary
+
+_NAN = float("nan")
+
+
+def _settings_of(loader: Any) -> LoaderSettings:
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return LoaderSettings(
+        num_workers=workers,
+        prefetch_factor=getattr(loader, "prefetch_factor", None) if workers > 0 else None,
+        persistent_workers=bool(getattr(loader, "persistent_workers", False)),
+        pin_memory=bool(getattr(loader, "pin_memory", False)),
+        batch_size=getattr(loader, "batch_size", None),
+    )
+
+
+class LoadGuard(_pl.Callback):
+    """Measures what limits training: the wait for data, the loader's capacity and the host's budgets.
+
+    Add it to any Trainer; nothing else changes. Every ``log_every_n_steps`` it logs, on Lightning's own
+    step axis and over a rolling window of ``window`` steps, the metrics listed in
+    :data:`lightning_loadguard.dashboard.METRICS` to every logger of the trainer. With a
+    ``TensorBoardLogger`` it also adds a ready-made Custom Scalars dashboard. At the end of fit it prints a
+    summary (also without any logger).
+
+    Args:
+        window: steps (and produced batches) in the rolling window the figures are computed over.
+        log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``.
+        print_summary: print the summary table at the end of fit (on global rank 0).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> guard = LoadGuard()
+        >>> trainer = Trainer(callbacks=[guard], logger=False, enable_progress_bar=False)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule)  # doctest: +SKIP
+        >>> guard.metrics["loadguard/wait_fraction"]  # doctest: +SKIP
+        0.62
+    """
+
+    def __init__(self, window: int = 100, log_every_n_steps: int | None = None, print_summary: bool = True) -> None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 2:
+            raise ValueError(f"`window` must be an integer >= 2 (steps in the rolling window), got {window!r}.")
+        if log_every_n_steps is not None and (
+            not isinstance(log_every_n_steps, int) or isinstance(log_every_n_steps, bool) or log_every_n_steps < 1
+        ):
+            raise ValueError(
+                "`log_every_n_steps` must be None (follow the trainer) or an integer >= 1, "
+                f"got {log_every_n_steps!r}."
+            )
+        if not isinstance(print_summary, bool):
+            raise ValueError(f"`print_summary` must be True or False, got {print_summary!r}.")
+        self.window = window
+        self.log_every_n_steps = log_every_n_steps
+        self.print_summary = print_summary
+        self._consumer = ConsumerMeter(window)
+        self._producer = ProducerMeter(window)
+        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._consumer.fetch_observed)
+        self._epoch_start_s: deque[float] = deque(maxlen=16)
+        self._loader: Any = None
+        self._settings = LoaderSettings()
+        self._producer_instrumented = False
+        self._batch_bytes: int | None = None
+        self._measure_batch = True
+        self._validation_start: float | None = None
+        self._gpu: GpuUtilization | None = None
+        self._said: set[str] = set()
+        self._host_key = float(host_key())
+        self._processes_on_host = 1
+        self._hooked = False
+        self.metrics: dict[str, float] = {}
+        """The figures of the latest logging step, by metric name."""
+        self.snapshot: WindowSnapshot | None = None
+        """This rank's latest window of measurements (with the ranks' combined figures filled in)."""
+
+    # -- plumbing --------------------------------------------------------------------------------------
+
+    def _say_once(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            rank_zero_warn(f"LoadGuard: {message}")
+
+    def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        """Run a measurement step; a failure is reported once and never reaches the training run."""
+        if self._disabled(what):
+            return None
+        try:
+            return fn(*args)
+        except Exception as err:
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            self._say_once(
+                f"{what} failed and is skipped from now on ({type(err).__name__}: {err}, "
+                f"at {where.filename}:{where.lineno}). Training is not affected."
+            )
+            self._said.add(f"disabled:{what}")
+            return None
+
+    def _disabled(self, what: str) -> bool:
+        return f"disabled:{what}" in self._said
+
+    def _on_epoch_start(self, seconds: float) -> None:
+        self._epoch_start_s.append(seconds)
+
+    def _on_fetch_start(self, now: float) -> None:
+        self._consumer.fetch_started(now)
+
+    def _on_fetch_stop(self, now: float) -> None:
+        self._consumer.fetch_finished(now)
+
+    def _on_transfer(self, seconds: float) -> None:
+        if self._validation_start is None:
+            self._consumer.add_transfer(seconds)
+
+    # -- loaders ---------------------------------------------------------------------------------------
+
+    def _on_loaders_ready(self, loaders: list[Any]) -> None:
+        self._guarded("instrumenting the train loader", self._instrument, loaders)
+
+    def _instrument(self, loaders: list[Any]) -> None:
+        if len(loaders) == 1 and loaders[0] is self._loader:
+            return
+        self._release_loader()
+        if len(loaders) != 1:
+            self._say_once(
+                f"the trainer iterates {len(loaders)} train loaders at once; producer capacity, readiness and "
+                "epoch start-up are not measured. Data wait and step time are (from the training loop)."
+            )
+            return
+        loader = loaders[0]
+        reason = instrument(loader, self._probe)
+        self._settings = _settings_of(loader)
+        if reason is not None:
+            self._say_once(
+                f"{reason}; producer capacity, readiness and epoch start-up are not measured. "
+                "Data wait and step time are (from the training loop)."
+            )
+            return
+        self._loader = loader
+        self._producer_instrumented = True
+
+    def _release_loader(self) -> None:
+        if self._loader is not None:
+            restore(self._loader)
+            self._loader = None
+        self._producer_instrumented = False
+
+    # -- hooks -----------------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        _pl.install_profiler(
+            trainer,
+            lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop, self._on_transfer),
+        )
+        self._hooked = _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
+        self._gpu = GpuUtilization(trainer.strategy.root_device)
+        if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
+            self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._loader is None:
+            # Without the pre-iterator hook the first iterator already exists: the next one is measured.
+            self._on_loaders_ready(_pl.train_loaders(trainer))
+        self._guarded("adding the TensorBoard dashboard", self._add_dashboard, trainer)
+
+    def _add_dashboard(self, trainer: Any) -> None:
+        if trainer.global_rank != 0:
+            return
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_custom_scalars") and type(logger).__name__ == "TensorBoardLogger":
+                experiment.add_custom_scalars(custom_scalars_layout())
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._validation_start is not None:
+            self._consumer.exclude(time.perf_counter() - self._validation_start)
+            self._validation_start = None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._measure_batch or self._should_log(trainer):
+            self._measure_batch = False
+            size = self._guarded("measuring the batch size in bytes", batch_nbytes, batch)
+            if size:
+                self._batch_bytes = size
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._should_log(trainer):
+            self._publish(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._consumer.close_step(time.perf_counter())
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        # The closing figures, on every rank (the ranks' figures are combined collectively).
+        self._publish(trainer, log=False)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.print_summary and trainer.global_rank == 0:
+            summary = self._guarded("printing the summary", self.summary)
+            if summary:
+                rank_zero_info(summary)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        _pl.uninstall_profiler(trainer)
+        _pl.unhook_loaders_ready(trainer)
+        self._release_loader()
+
+    # -- figures ---------------------------------------------------------------------------------------
+
+    def _should_log(self, trainer: Any) -> bool:
+        if self.log_every_n_steps is None:
+            return _pl.should_log(trainer)
+        return (_pl.log_step(trainer) + 1) % self.log_every_n_steps == 0
+
+    def _local_snapshot(self, trainer: Any) -> WindowSnapshot:
+        self._producer.poll()
+        records = self._consumer.records()
+        ready = tuple(r.ready for r in records if r.ready is not None)
+        levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
+        facts = host_facts(self._processes_on_host)
+        return WindowSnapshot(
+            wait_s=tuple(r.wait_s for r in records),
+            step_s=tuple(r.step_s for r in records),
+            transfer_s=tuple(r.transfer_s for r in records),
+            settings=self._settings,
+            host=facts,
+            ready=ready if len(ready) == len(records) and ready else None,
+            buffer_level=levels if len(levels) == len(records) and levels else None,
+            production_s=self._producer.durations() if self._producer_instrumented else (),
+            producer_rate=self._producer.capacity() if self._producer_instrumented else None,
+            epoch_start_s=tuple(self._epoch_start_s),
+            batch_bytes=self._batch_bytes,
+            producer_instrumented=self._producer_instrumented,
+        )
+
+    def _local_row(self, snapshot: WindowSnapshot) -> list[float]:
+        def opt(value: float | None, scale: float = 1.0) -> float:
+            return _NAN if value is None else float(value) * scale
+
+        gpu = self._gpu.read() if self._gpu is not None else None
+        inflight = snapshot.inflight_bytes
+        values = {
+            "wait_fraction": snapshot.wait_fraction if snapshot.steps else _NAN,
+            "data_wait_ms": snapshot.mean_wait_s * 1e3 if snapshot.steps else _NAN,
+            "step_ms": snapshot.mean_step_s * 1e3 if snapshot.steps else _NAN,
+            "throughput": snapshot.throughput if snapshot.steps else _NAN,
+            "consumer_rate": snapshot.consumer_rate if snapshot.steps and snapshot.mean_step_s > 0 else _NAN,
+            "producer_rate": opt(snapshot.producer_rate),
+            "ready_fraction": opt(snapshot.ready_fraction),
+            "epoch_start_ms": opt(snapshot.epoch_start_s[-1] if snapshot.epoch_start_s else None, 1e3),
+            "transfer_ms": (sum(snapshot.transfer_s) / snapshot.steps * 1e3) if snapshot.steps else _NAN,
+            "gpu_util": opt(gpu),
+            "inflight_bytes": opt(inflight),
+            "host_key": self._host_key,
+            "host_available_mb": opt(snapshot.host.available_ram_bytes, 1e-6),
+            "shm_free_mb": opt(snapshot.host.shm_free_bytes, 1e-6),
+        }
+        return [values[name] for name in FIELDS]
+
+    def _gather_rows(self, trainer: Any, row: list[float]) -> list[list[float]]:
+        if trainer.world_size <= 1:
+            return [row]
+        local = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
+        gathered = trainer.strategy.all_gather(local)
+        return gathered.reshape(trainer.world_size, len(FIELDS)).cpu().tolist()
+
+    def _publish(self, trainer: Any, log: bool = True) -> None:
+        snapshot = self._guarded("building the measurement window", self._local_snapshot, trainer)
+        row = self._guarded("summarising the window", self._local_row, snapshot) if snapshot else None
+        if row is None:
+            row = [_NAN] * len(FIELDS)
+            row[FIELDS.index("host_key")] = self._host_key
+        # Every rank reaches the collective on the same steps whatever happened locally above.
+        rows = self._gather_rows(trainer, row)
+        combined = combine_ranks(rows, this_rank=trainer.global_rank)
+        self._processes_on_host = combined.processes_on_host
+        self.metrics = combined.metrics
+        if snapshot is not None:
+            self.snapshot = WindowSnapshot(
+                **{
+                    **snapshot.__dict__,
+                    "host": HostFacts(
+                        cpu_count=snapshot.host.cpu_count,
+                        processes_on_host=combined.processes_on_host,
+                        available_ram_bytes=snapshot.host.available_ram_bytes,
+                        shm_free_bytes=snapshot.host.shm_free_bytes,
+                    ),
+                    "rank_wait_fractions": combined.rank_wait_fractions,
+                    "inflight_host_bytes": (
+                        int(combined.inflight_host_bytes) if combined.inflight_host_bytes is not None else None
+                    ),
+                }
+            )
+        if not log:
+            return
+        metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
+        step = _pl.log_step(trainer)
+        for logger in trainer.loggers:
+            self._guarded(f"logging to {type(logger).__name__}", logger.log_metrics, metrics, step)
+
+    # -- reporting -------------------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A readable table of what was measured: the latest window and the whole run."""
+        consumer = self._consumer
+        return format_summary(
+            metrics=self.metrics,
+            settings=self._settings,
+            total_steps=consumer.total_steps,
+            total_wait_s=consumer.total_wait_s,
+            total_step_s=consumer.total_step_s,
+            total_batches_made=self._producer.total_batches,
+            total_busy_s=self._producer.total_busy_s,
+            epoch_start_s=tuple(self._epoch_start_s),
+            notes=sorted(m for m in self._said if not m.startswith("disabled:")),
+        )

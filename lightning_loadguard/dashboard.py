@@ -1,0 +1,57 @@
+"""The TensorBoard custom-scalars layout for LoadGuard's metrics (the Custom Scalars tab)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+METRICS: dict[str, str] = {
+    "loadguard/wait_fraction": "share of loop time spent waiting for data (0..1), worst rank",
+    "loadguard/data_wait_ms": "mean time a step blocked fetching its batch (ms)",
+    "loadguard/step_ms": "mean time of the rest of the step: compute, transfer, callbacks (ms)",
+    "loadguard/throughput": "batches per second the training loop achieved",
+    "loadguard/consumer_rate": "batches per second the loop would reach if it never waited (1 / step time)",
+    "loadguard/producer_rate": "batches per second the loader's workers can sustain (capacity)",
+    "loadguard/ready_fraction": "share of fetches for which a batch was already waiting (0..1)",
+    "loadguard/epoch_start_ms": "time to create the epoch's iterator: worker start-up (ms)",
+    "loadguard/inflight_host_mb": "batch memory in flight on the host, summed over its training processes (MB)",
+    "loadguard/host_available_mb": "the host's available RAM (MB)",
+    "loadguard/shm_free_mb": "free space on /dev/shm (MB)",
+    "loadguard/transfer_ms": "mean time spent moving a batch to the device (ms)",
+    "loadguard/gpu_util": "accelerator utilization from NVML (0..1), only where measurable",
+    "loadguard/worst_rank": "the rank with the highest wait fraction (distributed runs only)",
+}
+"""The public metric names with their units."""
+
+
+def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
+    """Layout for ``SummaryWriter.add_custom_scalars``: rates, wait with readiness, memory vs budget.
+
+    Example:
+        >>> sorted(custom_scalars_layout()["LoadGuard"])[0]
+        'Batches per second: producer capacity, consumer rate, throughput'
+    """
+    return {
+        "LoadGuard": {
+            "Batches per second: producer capacity, consumer rate, throughput": [
+                "Multiline",
+                ["loadguard/producer_rate", "loadguard/consumer_rate", "loadguard/throughput"],
+            ],
+            "Data wait fraction and readiness": [
+                "Multiline",
+                ["loadguard/wait_fraction", "loadguard/ready_fraction", "loadguard/gpu_util"],
+            ],
+            "In-flight batch memory vs host budget (MB)": [
+                "Multiline",
+                ["loadguard/inflight_host_mb", "loadguard/host_available_mb", "loadguard/shm_free_mb"],
+            ],
+            "Step anatomy (ms)": [
+                "Multiline",
+                [
+                    "loadguard/data_wait_ms",
+                    "loadguard/step_ms",
+                    "loadguard/transfer_ms",
+                    "loadguard/epoch_start_ms",
+                ],
+            ],
+        }
+    }

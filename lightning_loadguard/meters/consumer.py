@@ -1,0 +1,92 @@
+"""The consumer side: how long each training step waited for its batch, and how long the rest took.
+
+A step's period runs from one fetch start to the next. The fetch itself is the data wait; the remainder,
+less any time explicitly excluded (validation runs inside the epoch), is the step time. The meter takes
+timestamps from its caller, so it is driven identically by a Trainer adapter and by a synthetic test.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One completed training step, in seconds."""
+
+    wait_s: float
+    step_s: float
+    transfer_s: float = 0.0
+    ready: bool | None = None
+    buffer_level: int | None = None
+
+
+class ConsumerMeter:
+    """Records data wait and step time per training step over a rolling window.
+
+    Example:
+        >>> meter = ConsumerMeter(window=100)
+        >>> meter.fetch_started(0.000); meter.fetch_finished(0.010)
+        >>> meter.fetch_started(0.030); meter.fetch_finished(0.031)
+        >>> meter.close_step(0.050)
+        >>> [round(r.wait_s, 3) for r in meter.records()], [round(r.step_s, 3) for r in meter.records()]
+        ([0.01, 0.001], [0.02, 0.019])
+    """
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"`window` must be a positive number of steps, got {window!r}.")
+        self._records: deque[StepRecord] = deque(maxlen=window)
+        self._fetch_start: float | None = None
+        self._fetch_end: float | None = None
+        self._wait: float | None = None
+        self._excluded = 0.0
+        self._transfer = 0.0
+        self._ready: bool | None = None
+        self._level: int | None = None
+        self.total_steps = 0
+        self.total_wait_s = 0.0
+        self.total_step_s = 0.0
+
+    def fetch_started(self, now: float) -> None:
+        """The loop asked for its next batch: this closes the previous step."""
+        self.close_step(now)
+        self._fetch_start = now
+
+    def fetch_finished(self, now: float) -> None:
+        if self._fetch_start is None:
+            return
+        self._wait = max(0.0, now - self._fetch_start)
+        self._fetch_end = now
+
+    def fetch_observed(self, ready: bool | None, buffer_level: int | None) -> None:
+        """What the loader knew at the moment of the fetch (from the producer side, if instrumented)."""
+        self._ready = ready
+        self._level = buffer_level
+
+    def add_transfer(self, seconds: float) -> None:
+        self._transfer += seconds
+
+    def exclude(self, seconds: float) -> None:
+        """Time inside the current step that is not training (e.g. a validation run)."""
+        self._excluded += seconds
+
+    def close_step(self, now: float) -> None:
+        """End the open step at ``now`` (the next fetch, or the end of the epoch)."""
+        if self._fetch_end is not None and self._wait is not None:
+            step = max(0.0, now - self._fetch_end - self._excluded)
+            self._records.append(StepRecord(self._wait, step, self._transfer, self._ready, self._level))
+            self.total_steps += 1
+            self.total_wait_s += self._wait
+            self.total_step_s += step
+        self._fetch_start = self._fetch_end = self._wait = None
+        self._excluded = self._transfer = 0.0
+        self._ready = self._level = None
+
+    def records(self) -> list[StepRecord]:
+        return list(self._records)
+
+    def clear(self) -> None:
+        """Forget the window (the loader changed); lifetime totals are kept."""
+        self._records.clear()

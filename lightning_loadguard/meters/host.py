@@ -1,0 +1,69 @@
+"""Host budgets: cores, available RAM and /dev/shm, and the size of a batch in host memory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zlib
+from typing import Any
+
+import psutil
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from lightning_loadguard.meters.window import HostFacts
+
+
+def usable_cpu_count() -> int:
+    """Cores this process may run on (its affinity mask, which containers and schedulers narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return psutil.cpu_count(logical=True) or 1
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    """Free bytes of the shared-memory mount that worker processes hand batches through."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def host_facts(processes_on_host: int = 1) -> HostFacts:
+    return HostFacts(
+        cpu_count=usable_cpu_count(),
+        processes_on_host=processes_on_host,
+        available_ram_bytes=int(psutil.virtual_memory().available),
+        shm_free_bytes=shm_free_bytes(),
+    )
+
+
+def host_key() -> int:
+    """A number naming this host, equal on all of its processes (to group ranks by host)."""
+    import socket
+
+    return zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of all tensors (and numpy arrays) in a batch of any nesting.
+
+    Example:
+        >>> batch_nbytes({"x": torch.zeros(4, 3), "y": [torch.zeros(4, dtype=torch.int64)]})
+        80
+    """
+    sizes: list[int] = []
+
+    def count(tensor: Any) -> Any:
+        sizes.append(int(tensor.element_size() * tensor.nelement()))
+        return tensor
+
+    apply_to_collection(batch, torch.Tensor, count)
+    try:
+        import numpy as np
+
+        apply_to_collection(batch, np.ndarray, lambda array: sizes.append(int(array.nbytes)))
+    except ImportError:
+        pass
+    return sum(sizes)

@@ -1,0 +1,105 @@
+"""Combining the ranks' figures into what a user of a distributed run needs to see.
+
+A slow rank stalls every other rank in the gradient all-reduce, so the figures that matter are the worst
+rank's; memory is a per-host budget, so in-flight bytes are summed over the ranks of each host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FIELDS: tuple[str, ...] = (
+    "wait_fraction",
+    "data_wait_ms",
+    "step_ms",
+    "throughput",
+    "consumer_rate",
+    "producer_rate",
+    "ready_fraction",
+    "epoch_start_ms",
+    "transfer_ms",
+    "gpu_util",
+    "inflight_bytes",
+    "host_key",
+    "host_available_mb",
+    "shm_free_mb",
+)
+"""The per-rank vector that every rank contributes at a logging step (NaN: not measured)."""
+
+# Figures that describe the worst rank's loop; logged from that one rank so that they add up.
+_WORST_RANK_FIELDS = (
+    "wait_fraction",
+    "data_wait_ms",
+    "step_ms",
+    "throughput",
+    "consumer_rate",
+    "producer_rate",
+    "ready_fraction",
+    "epoch_start_ms",
+    "transfer_ms",
+)
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    metrics: dict[str, float]
+    worst_rank: int
+    rank_wait_fractions: tuple[float, ...]
+    inflight_host_bytes: float | None
+    processes_on_host: int
+
+
+def combine_ranks(rows: Sequence[Sequence[float]], this_rank: int = 0) -> RankSummary:
+    """Reduce one row per rank (in ``FIELDS`` order) to the logged metrics.
+
+    Example:
+        >>> nan = float("nan")
+        >>> fast = [0.1, 1, 9, 100, 110, 200, 1, 5, 0, nan, 1e6, 7, 1000, 500]
+        >>> slow = [0.5, 5, 5, 100, 200, 100, 0, 5, 0, nan, 1e6, 7, 1000, 500]
+        >>> out = combine_ranks([fast, slow])
+        >>> out.worst_rank, out.metrics["loadguard/wait_fraction"], out.metrics["loadguard/inflight_host_mb"]
+        (1, 0.5, 2.0)
+    """
+    if not rows:
+        raise ValueError("`rows` must hold at least one rank's figures.")
+    index = {name: i for i, name in enumerate(FIELDS)}
+    waits = [row[index["wait_fraction"]] for row in rows]
+    finite = [(w, r) for r, w in enumerate(waits) if not math.isnan(w)]
+    worst = max(finite)[1] if finite else 0
+    metrics: dict[str, float] = {}
+    for name in _WORST_RANK_FIELDS:
+        value = rows[worst][index[name]]
+        if not math.isnan(value):
+            metrics[f"loadguard/{name}"] = float(value)
+
+    utils = [row[index["gpu_util"]] for row in rows if not math.isnan(row[index["gpu_util"]])]
+    if utils:
+        metrics["loadguard/gpu_util"] = sum(utils) / len(utils)
+
+    per_host: dict[float, float] = {}
+    ranks_per_host: dict[float, int] = {}
+    for row in rows:
+        key = row[index["host_key"]]
+        ranks_per_host[key] = ranks_per_host.get(key, 0) + 1
+        nbytes = row[index["inflight_bytes"]]
+        if not math.isnan(nbytes):
+            per_host[key] = per_host.get(key, 0.0) + nbytes
+    inflight = max(per_host.values()) if per_host else None
+    if inflight is not None:
+        metrics["loadguard/inflight_host_mb"] = inflight / 1e6
+    for name in ("host_available_mb", "shm_free_mb"):
+        values = [row[index[name]] for row in rows if not math.isnan(row[index[name]])]
+        if values:
+            metrics[f"loadguard/{name}"] = min(values)
+    if len(rows) > 1:
+        metrics["loadguard/worst_rank"] = float(worst)
+    own_host = rows[min(this_rank, len(rows) - 1)][index["host_key"]]
+    return RankSummary(
+        metrics=metrics,
+        worst_rank=worst,
+        rank_wait_fractions=tuple(float(w) for w in waits),
+        inflight_host_bytes=inflight,
+        processes_on_host=ranks_per_host.get(own_host, 1),
+    )

@@ -1,0 +1,152 @@
+"""The meters as plain Python objects: no Trainer."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.host import batch_nbytes, host_facts
+from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
+from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
+from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
+from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
+from lightning_loadguard.synthetic import TimedDataset
+
+
+def test_consumer_meter_splits_wait_and_step_and_excludes_validation() -> None:
+    meter = ConsumerMeter(window=10)
+    t = 0.0
+    for _ in range(5):
+        meter.fetch_started(t)
+        meter.fetch_finished(t + 0.004)
+        meter.exclude(0.010)  # a validation run inside the step
+        t += 0.004 + 0.020 + 0.010
+    meter.close_step(t)
+    records = meter.records()
+    assert len(records) == 5
+    assert all(math.isclose(r.wait_s, 0.004) for r in records)
+    assert all(math.isclose(r.step_s, 0.020) for r in records)
+    assert math.isclose(meter.total_wait_s, 0.020)
+
+
+def test_consumer_meter_window_is_rolling() -> None:
+    meter = ConsumerMeter(window=3)
+    for i in range(10):
+        meter.fetch_started(float(i))
+        meter.fetch_finished(i + 0.5)
+    meter.close_step(10.0)
+    assert len(meter.records()) == 3
+    assert meter.total_steps == 10
+
+
+@pytest.mark.parametrize("window", [0, -1])
+def test_meters_reject_empty_windows(window: int) -> None:
+    with pytest.raises(ValueError, match="window"):
+        ConsumerMeter(window)
+    with pytest.raises(ValueError, match="window"):
+        ProducerMeter(window)
+
+
+def test_producer_meter_reads_every_worker_and_survives_ring_wrap() -> None:
+    meter = ProducerMeter(window=1000)
+    counters = meter.attach(num_workers=3)
+    for i in range(300):  # more than the ring holds: only the newest are kept, the totals stay exact
+        counters.record(i % 3, 0.01 * (1 + i % 3))
+    meter.poll()
+    assert meter.total_batches == 300
+    assert math.isclose(meter.total_busy_s, 100 * (0.01 + 0.02 + 0.03))
+    assert math.isclose(meter.capacity(), 3 / 0.02, rel_tol=1e-6)
+
+
+def test_producer_counters_travel_to_spawned_processes() -> None:
+    counters = ProducerCounters(num_workers=2)
+    clone = pickle.loads(pickle.dumps(counters))
+    clone.record(1, 0.5)
+    assert clone.array[1, 0] == 1
+
+
+def _drain(loader: DataLoader) -> list[int]:
+    return [int(i) for index, _ in loader for i in index]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_workers: int) -> None:
+    dataset = TimedDataset(length=48, sample_s=0.005)
+    plain = DataLoader(dataset, batch_size=4, num_workers=num_workers)
+    expected = _drain(plain)
+
+    producer = ProducerMeter(window=64)
+    starts: list[float] = []
+    fetches: list[tuple[bool | None, int | None]] = []
+    probe = LoaderProbe(producer, starts.append, lambda ready, level: fetches.append((ready, level)))
+    loader = DataLoader(dataset, batch_size=4, num_workers=num_workers)
+    assert instrument(loader, probe) is None
+    assert type(loader).__name__ == "DataLoader" and isinstance(loader, DataLoader)
+    got = []
+    for index, _ in loader:
+        got.extend(int(i) for i in index)
+        time.sleep(0.03)  # a slow consumer: the workers idle on a full buffer, capacity must not drop
+    producer.poll()
+    assert got == expected
+    assert len(starts) == 1 and len(fetches) == 12
+    assert producer.total_batches == 12
+    assert producer.capacity() == pytest.approx(max(1, num_workers) / 0.020, rel=0.15)
+    if num_workers:
+        assert any(ready for ready, _ in fetches[2:])
+    restore(loader)
+    assert type(loader) is DataLoader
+
+
+def test_probe_keeps_the_users_worker_init_fn() -> None:
+    loader = DataLoader(TimedDataset(length=8), batch_size=2, num_workers=1, worker_init_fn=_mark_worker)
+    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level: None)
+    assert instrument(loader, probe) is None
+    assert len(list(loader)) == 4
+    assert loader.worker_init_fn is _mark_worker
+
+
+def _mark_worker(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.features = 16
+
+
+def test_probe_refuses_what_it_cannot_instrument() -> None:
+    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level: None)
+    assert "not a torch DataLoader" in instrument([1, 2, 3], probe)
+
+
+def test_combine_ranks_takes_the_worst_rank_and_sums_per_host() -> None:
+    def row(wait: float, host: float, nbytes: float) -> list[float]:
+        values = dict.fromkeys(FIELDS, 1.0)
+        values.update(wait_fraction=wait, host_key=host, inflight_bytes=nbytes, gpu_util=float("nan"))
+        return [values[name] for name in FIELDS]
+
+    out = combine_ranks([row(0.1, 1, 2e6), row(0.7, 1, 2e6), row(0.2, 2, 1e6)], this_rank=0)
+    assert out.worst_rank == 1
+    assert out.metrics["loadguard/wait_fraction"] == 0.7
+    assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
+    assert out.processes_on_host == 2
+    assert "loadguard/gpu_util" not in out.metrics
+    with pytest.raises(ValueError, match="rows"):
+        combine_ranks([])
+
+
+def test_batch_nbytes_and_host_facts() -> None:
+    assert batch_nbytes((torch.zeros(8, 4), {"y": torch.zeros(8, dtype=torch.int64)})) == 8 * 4 * 4 + 8 * 8
+    facts = host_facts(processes_on_host=4)
+    assert facts.cpu_count >= 1 and facts.cores_per_process == facts.cpu_count / 4
+    assert facts.available_ram_bytes and facts.available_ram_bytes > 0
+
+
+def test_window_snapshot_figures() -> None:
+    snap = WindowSnapshot(wait_s=(0.01, 0.03), step_s=(0.02, 0.02), settings=LoaderSettings(2, 3, pin_memory=True))
+    assert snap.wait_fraction == pytest.approx(0.5)
+    assert snap.throughput == pytest.approx(25.0)
+    assert snap.consumer_rate == pytest.approx(50.0)
+    assert snap.settings.batches_in_flight == 7
+    assert LoaderSettings(num_workers=0).batches_in_flight == 0
