@@ -1,0 +1,103 @@
+"""Consumer-accurate positions for iterable datasets that can save and load their own state."""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from lightning_loadguard.position.state import PositionMismatchError
+
+
+def is_stateful(dataset: object) -> bool:
+    """Whether ``dataset`` follows the ``state_dict()`` / ``load_state_dict()`` protocol (torchdata's Stateful)."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+
+
+class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
+    """Records a stateful iterable dataset's state at every batch boundary as the producer passes it.
+
+    The producer runs ahead of the consumer (Lightning fetches one batch ahead when the loader has no
+    length), so the dataset's state *now* is too far. The tap keeps the state after each produced batch;
+    the state to save is the one at the number of batches the consumer finished. It works in the main
+    process only (``num_workers=0``): worker processes hold copies of the dataset whose state the main
+    process cannot read.
+
+    Args:
+        dataset: The stateful iterable dataset.
+        batch_size: Samples per batch (``None`` when the loader does not batch).
+        keep: How many batch boundaries to remember; the consumer never lags the producer by more than the
+            loader's prefetch depth, so a small window suffices.
+
+    Example:
+        >>> class Count(IterableDataset):
+        ...     def __init__(self): self.pos = 0
+        ...     def __iter__(self):
+        ...         while self.pos < 6:
+        ...             self.pos += 1
+        ...             yield self.pos - 1
+        ...         self.pos = 0
+        ...     def state_dict(self): return {"pos": self.pos}
+        ...     def load_state_dict(self, s): self.pos = s["pos"]
+        >>> tap = StatefulIterableTap(Count(), batch_size=2)
+        >>> it = iter(tap); _ = [next(it) for _ in range(5)]
+        >>> tap.state_at(2)
+        {'pos': 4}
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None, keep: int = 256) -> None:
+        if not is_stateful(dataset):
+            raise TypeError(
+                f"{type(dataset).__name__} has no state_dict()/load_state_dict(); its position cannot be stored"
+            )
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.dataset = dataset
+        self.batch_size = batch_size or 1
+        self.keep = keep
+        self._pending: Any = None
+        self._snapshots: OrderedDict[int, Any] = OrderedDict()
+
+    def resume(self, dataset_state: Any) -> None:
+        """Load ``dataset_state`` into the dataset when the next iteration starts."""
+        self._pending = dataset_state
+
+    def _record(self, batches: int) -> None:
+        self._snapshots[batches] = copy.deepcopy(self.dataset.state_dict())
+        while len(self._snapshots) > self.keep:
+            self._snapshots.popitem(last=False)
+
+    def state_at(self, batches_consumed: int) -> Any:
+        """The dataset's state right after ``batches_consumed`` batches of the current iteration.
+
+        Raises:
+            PositionMismatchError: that boundary was not produced yet or fell out of the window.
+        """
+        if batches_consumed not in self._snapshots:
+            have = (min(self._snapshots), max(self._snapshots)) if self._snapshots else None
+            raise PositionMismatchError(
+                f"no dataset state recorded after {batches_consumed} batches (recorded range: {have})"
+            )
+        return self._snapshots[batches_consumed]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._pending is not None:
+            self.dataset.load_state_dict(self._pending)
+            self._pending = None
+        self._snapshots.clear()
+        self._record(0)
+        produced = 0
+        in_batch = 0
+        for item in self.dataset:
+            in_batch += 1
+            if in_batch == self.batch_size:
+                produced += 1
+                in_batch = 0
+                # Taken before yielding: the state already counts this item, as the consumer will.
+                self._record(produced)
+            yield item
+        if in_batch:
+            self._record(produced + 1)

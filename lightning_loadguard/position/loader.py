@@ -1,0 +1,238 @@
+"""Building and restarting torch DataLoaders that play an epoch-deterministic order from a consumer offset."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from lightning_loadguard.position.iterable import StatefulIterableTap, is_stateful
+from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
+from lightning_loadguard.position.state import STATE_VERSION, PositionMismatchError
+
+_RESTARTABLE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory")
+
+# DataLoader arguments carried over verbatim when the sampler is replaced.
+_CARRIED = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
+    """An equivalent ``DataLoader`` whose order is a function of ``(seed, epoch)`` and which can start mid-epoch.
+
+    The dataset, batch size, ``drop_last``, collate function and worker settings are kept. The sampler
+    becomes a :class:`PlannedSampler` (sharded over ``world_size`` ranks like ``DistributedSampler``); a
+    custom batch sampler becomes a :class:`PlannedBatchSampler`; a stateful iterable dataset is wrapped in a
+    :class:`StatefulIterableTap`.
+
+    Raises:
+        TypeError: ``loader`` is a ``DataLoader`` subclass (its extra arguments cannot be rebuilt) or an
+            iterable dataset without ``state_dict()/load_state_dict()``.
+        ValueError: a case whose position cannot be exact: a custom batch sampler or a stateful iterable
+            dataset with ``world_size > 1``, or a stateful iterable dataset read by worker processes.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> plain = DataLoader(list(range(10)), batch_size=4, shuffle=True)
+        >>> loader = make_resumable(plain, seed=0)
+        >>> full = [b.tolist() for b in loader]
+        >>> it = resume_iterator(loader, batches_consumed=1)
+        >>> [b.tolist() for b in it] == full[1:]
+        True
+    """
+    if type(loader) is not DataLoader:
+        raise TypeError(
+            f"loader must be a torch.utils.data.DataLoader, got {type(loader).__qualname__}: a subclass may "
+            "take arguments that cannot be read back to rebuild it"
+        )
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
+    kwargs: dict[str, Any] = {k: getattr(loader, k) for k in _CARRIED if hasattr(loader, k)}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    dataset = loader.dataset
+
+    if isinstance(dataset, IterableDataset):
+        if not is_stateful(dataset):
+            raise TypeError(
+                f"{type(dataset).__name__} is an IterableDataset without state_dict()/load_state_dict(): "
+                "where it stands cannot be stored"
+            )
+        if world_size > 1:
+            raise ValueError(
+                "a stateful IterableDataset cannot be resumed exactly with world_size > 1: each rank's dataset "
+                "has its own state and a checkpoint holds one"
+            )
+        if loader.num_workers > 0:
+            raise ValueError(
+                f"a stateful IterableDataset read by num_workers={loader.num_workers} worker processes cannot "
+                "be resumed exactly: each worker holds a copy of the dataset whose state the main process "
+                "cannot read. Use num_workers=0"
+            )
+        tap = StatefulIterableTap(dataset, loader.batch_size)
+        return DataLoader(tap, batch_size=loader.batch_size, drop_last=loader.drop_last, **kwargs)
+
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        if world_size > 1:
+            raise ValueError(
+                f"a custom batch sampler ({type(batch_sampler).__qualname__}) cannot be sharded over "
+                f"world_size={world_size} ranks exactly: its batches are not a sample order the ranks can split. "
+                "Give the DataLoader a sampler and batch_size instead"
+            )
+        planned_batches = PlannedBatchSampler(batch_sampler, seed=seed)
+        return DataLoader(dataset, batch_sampler=planned_batches, **kwargs)
+
+    source = loader.sampler if batch_sampler is None else batch_sampler.sampler
+    batch_size = 1 if loader.batch_size is None else loader.batch_size
+    planned = PlannedSampler(
+        source,
+        dataset_len=len(dataset),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        drop_tail=bool(getattr(source, "drop_last", False)),
+        drop_last=loader.drop_last,
+    )
+    return DataLoader(dataset, batch_size=loader.batch_size, sampler=planned, drop_last=loader.drop_last, **kwargs)
+
+
+def planned_sampler(loader: DataLoader) -> PlannedSampler | PlannedBatchSampler | StatefulIterableTap:
+    """The object that holds ``loader``'s order (built by :func:`make_resumable`).
+
+    Raises:
+        TypeError: ``loader`` was not built by :func:`make_resumable`.
+    """
+    if isinstance(loader.dataset, StatefulIterableTap):
+        return loader.dataset
+    if isinstance(loader.batch_sampler, PlannedBatchSampler):
+        return loader.batch_sampler
+    if isinstance(loader.sampler, PlannedSampler):
+        return loader.sampler
+    raise TypeError("loader has no planned order; build it with make_resumable()")
+
+
+def _shutdown(iterator: object) -> None:
+    # torch has no public way to stop a multiprocessing iterator early; this is what its __del__ calls.
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
+
+
+def resume_iterator(
+    loader: DataLoader,
+    batches_consumed: int,
+    *,
+    epoch: int | None = None,
+    old_iterator: Iterator[Any] | None = None,
+    **settings: Any,
+) -> Iterator[Any]:
+    """A new iterator over ``loader`` that starts right after ``batches_consumed`` batches of ``epoch``.
+
+    ``old_iterator`` (and a persistent-workers iterator cached by the loader) is shut down first, so no
+    worker keeps reading ahead in the old order. ``settings`` may change ``num_workers``,
+    ``prefetch_factor`` and ``pin_memory`` in place (the attributes torch lets change after construction);
+    consumed batches are skipped in the index order, never loaded.
+
+    Raises:
+        ValueError: a setting other than those three, or ``num_workers`` or ``prefetch_factor`` out of range.
+        TypeError: ``loader`` was not built by :func:`make_resumable`.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader = make_resumable(DataLoader(list(range(12)), batch_size=3, shuffle=True), seed=1)
+        >>> it = iter(loader); first = [next(it).tolist() for _ in range(2)]
+        >>> rest = [b.tolist() for b in resume_iterator(loader, 2, old_iterator=it, num_workers=0)]
+        >>> sorted(sum(first + rest, [])) == list(range(12))
+        True
+    """
+    if batches_consumed < 0:
+        raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed}")
+    unknown = sorted(set(settings) - set(_RESTARTABLE_SETTINGS))
+    if unknown:
+        raise ValueError(
+            f"cannot change {unknown} on an existing DataLoader; only {list(_RESTARTABLE_SETTINGS)} can change "
+            "after construction"
+        )
+    order = planned_sampler(loader)
+    if isinstance(order, StatefulIterableTap):
+        raise TypeError(
+            "an iterable dataset's loader restarts from a stored dataset state, not a batch offset; "
+            "call StatefulIterableTap.resume(tap.state_at(batches_consumed)) and iterate again"
+        )
+    num_workers = settings.get("num_workers", loader.num_workers)
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    prefetch = settings.get("prefetch_factor", loader.prefetch_factor)
+    if num_workers > 0 and prefetch is None:
+        prefetch = 2  # torch's default; a loader built with 0 workers has none set
+    if prefetch is not None and prefetch < 1:
+        raise ValueError(f"prefetch_factor must be >= 1, got {prefetch}")
+    if old_iterator is not None:
+        _shutdown(old_iterator)
+    cached = getattr(loader, "_iterator", None)
+    if cached is not None:
+        _shutdown(cached)
+        loader._iterator = None
+    loader.num_workers = num_workers
+    loader.prefetch_factor = prefetch
+    if "pin_memory" in settings:
+        loader.pin_memory = bool(settings["pin_memory"])
+    order.start_at(order.epoch if epoch is None else epoch, batches_consumed)
+    return iter(loader)
+
+
+@dataclass
+class ConsumerCursor:
+    """Counts what the consumer finished: the epoch and the batches of it that the training step completed.
+
+    Call :meth:`consumed` after a batch's step finished (not when it was fetched) and :meth:`start_epoch`
+    when an epoch begins. Its state is what a restart needs next to the loader's seed and layout.
+
+    Example:
+        >>> c = ConsumerCursor()
+        >>> c.start_epoch(1); c.consumed(); c.consumed()
+        >>> c.state_dict()
+        {'epoch': 1, 'batches': 2, 'version': 1}
+    """
+
+    epoch: int = 0
+    batches: int = 0
+
+    def start_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self.batches = 0
+
+    def consumed(self, batches: int = 1) -> None:
+        if batches < 0:
+            raise ValueError(f"batches must be >= 0, got {batches}")
+        self.batches += batches
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches": self.batches, "version": STATE_VERSION}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise PositionMismatchError(
+                f"cursor state has version {state.get('version')!r}; this release reads {STATE_VERSION} only"
+            )
+        missing = sorted({"epoch", "batches"} - set(state))
+        if missing:
+            raise PositionMismatchError(f"cursor state misses {missing}")
+        self.epoch = int(state["epoch"])
+        self.batches = int(state["batches"])

@@ -1,0 +1,345 @@
+"""The Lightning-free position core: orders, shards, offsets and re-sharding, checked against full runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
+
+from lightning_loadguard.position import (
+    ConsumerCursor,
+    LoaderPosition,
+    PlannedBatchSampler,
+    PlannedSampler,
+    PositionMismatchError,
+    StatefulIterableTap,
+    make_resumable,
+    reshard_position,
+    resume_iterator,
+    seeded_iteration,
+    shard,
+)
+
+
+def _flat(batches: list[torch.Tensor]) -> list[int]:
+    return [int(i) for b in batches for i in b]
+
+
+def test_seeded_iteration_is_reproducible_and_leaves_global_rng_alone() -> None:
+    sampler = RandomSampler(range(50))
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    first = seeded_iteration(sampler, seed=5, epoch=2)
+    assert torch.rand(1) == before
+    assert first == seeded_iteration(sampler, seed=5, epoch=2)
+    assert first != seeded_iteration(sampler, seed=5, epoch=3)
+    assert sorted(first) == list(range(50))
+
+
+def test_seeded_iteration_reseeds_a_sampler_generator_and_restores_it() -> None:
+    gen = torch.Generator().manual_seed(1)
+    sampler = RandomSampler(range(20), generator=gen)
+    state = gen.get_state()
+    a = seeded_iteration(sampler, seed=0, epoch=0)
+    assert torch.equal(gen.get_state(), state)
+    assert a == seeded_iteration(sampler, seed=0, epoch=0)
+
+
+def test_seeded_iteration_covers_python_random() -> None:
+    class PySampler:
+        def __iter__(self):
+            idx = list(range(30))
+            random.shuffle(idx)
+            return iter(idx)
+
+    assert seeded_iteration(PySampler(), 1, 4) == seeded_iteration(PySampler(), 1, 4)
+
+
+def test_shard_matches_distributed_sampler() -> None:
+    ds = list(range(23))
+    for drop_last in (False, True):
+        for world in (1, 2, 3, 4):
+            ref = DistributedSampler(ds, num_replicas=world, rank=0, shuffle=True, seed=9, drop_last=drop_last)
+            ref.set_epoch(3)
+            wide = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=9)
+            wide.set_epoch(3)
+            order = list(wide)
+            for rank in range(world):
+                ref.rank = rank
+                assert shard(order, world, rank, drop_tail=drop_last) == list(ref)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_planned_sampler_offset_equals_tail_of_full_epoch(world: int, drop_last: bool) -> None:
+    for rank in range(world):
+        s = PlannedSampler(
+            RandomSampler(range(29)),
+            dataset_len=29,
+            batch_size=4,
+            seed=3,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+        )
+        s.set_epoch(2)
+        full = list(s)
+        for k in range(s.epoch_batches() + 1):
+            s.start_at(epoch=2, batches_consumed=k)
+            assert list(s) == full[k * 4 :]
+        s.set_epoch(3)
+        assert list(s) != full  # a new epoch, a new order
+
+
+def test_planned_sampler_wraps_a_user_distributed_sampler() -> None:
+    user = DistributedSampler(list(range(10)), num_replicas=1, rank=0, shuffle=True, seed=4)
+    user.set_epoch(1)
+    expected = list(user)
+    s = PlannedSampler(user, dataset_len=10, batch_size=2, seed=4)
+    s.set_epoch(1)
+    assert list(s) == expected
+
+
+def test_start_offset_only_applies_to_its_epoch() -> None:
+    s = PlannedSampler(RandomSampler(range(12)), dataset_len=12, batch_size=3, seed=0)
+    s.set_epoch(1)
+    full1 = list(s)
+    s.start_at(epoch=0, batches_consumed=2)
+    s.set_epoch(1)
+    assert list(s) == full1
+
+
+def test_resume_refuses_changed_dataset_and_batch_size() -> None:
+    s = PlannedSampler(RandomSampler(range(12)), dataset_len=12, batch_size=3, seed=0)
+    pos = s.position(0, 2)
+    other = PlannedSampler(RandomSampler(range(13)), dataset_len=13, batch_size=3, seed=0)
+    with pytest.raises(PositionMismatchError, match=r"dataset length changed.*12.*13"):
+        other.resume(pos)
+    other = PlannedSampler(RandomSampler(range(12)), dataset_len=12, batch_size=4, seed=0)
+    with pytest.raises(PositionMismatchError, match="batch_size changed"):
+        other.resume(pos)
+    other = PlannedSampler(RandomSampler(range(12)), dataset_len=12, batch_size=3, seed=0, world_size=2)
+    with pytest.raises(PositionMismatchError, match=r"world_size=1.*world_size=2"):
+        other.resume(pos)
+
+
+def test_state_versions_and_fields_are_checked() -> None:
+    pos = LoaderPosition(epoch=1, batches_consumed=2, seed=1, dataset_len=4, batch_size=2)
+    assert LoaderPosition.from_state_dict(pos.state_dict()) == pos
+    bad = pos.state_dict() | {"version": 99}
+    with pytest.raises(PositionMismatchError, match="version 99"):
+        LoaderPosition.from_state_dict(bad)
+    with pytest.raises(PositionMismatchError, match=r"unknown fields.*'bogus'"):
+        LoaderPosition.from_state_dict(pos.state_dict() | {"bogus": 1})
+    with pytest.raises(ValueError, match="batches_consumed must be >= 0"):
+        LoaderPosition(batches_consumed=-1)
+
+
+def _rank_layouts(n: int, b: int, world: int, seed: int, epoch: int, pos: LoaderPosition | None, drop_last: bool):
+    out = []
+    for rank in range(world):
+        s = PlannedSampler(
+            RandomSampler(range(n)),
+            dataset_len=n,
+            batch_size=b,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+        )
+        s.set_epoch(epoch)
+        if pos is not None:
+            s.resume(pos)
+        idx = list(s)
+        cut = len(idx) // b * b if drop_last else len(idx)
+        out.append(idx[:cut])
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    b=st.integers(1, 7),
+    old=st.integers(1, 4),
+    new=st.integers(1, 4),
+    frac=st.floats(0, 1),
+)
+def test_reshard_covers_the_rest_of_the_epoch_exactly_once(n: int, b: int, old: int, new: int, frac: float) -> None:
+    seed, epoch = 11, 2
+    probe = PlannedSampler(RandomSampler(range(n)), dataset_len=n, batch_size=b, seed=seed, world_size=old)
+    k = int(frac * probe.epoch_batches())
+    probe.set_epoch(epoch)
+    pos = probe.position(epoch, k)
+    order = probe.global_order(epoch)
+    consumed = [i for r in _rank_layouts(n, b, old, seed, epoch, None, False) for i in r[: k * b]]
+    moved = reshard_position(pos, new)
+    rest = [i for r in _rank_layouts(n, b, new, seed, epoch, moved, False) for i in r]
+    # What the old ranks consumed is a prefix of the global order (padding aside, which repeats the order's
+    # start as DistributedSampler does); the new ranks get exactly the real samples after it.
+    prefix = min(n, min(k * b, -(-n // old)) * old)
+    assert set(consumed) == set(order[:prefix])
+    unseen = set(order[prefix:])
+    assert unseen <= set(rest)
+    repeated = [i for i in rest if i not in unseen]
+    assert len(repeated) < new  # at most the padding that evens out the ranks
+    if (n - prefix) % new == 0:
+        assert sorted(rest) == sorted(order[prefix:])
+    # The trainer's count ends exactly at the epoch's length when the new layout runs out.
+    probe_new = PlannedSampler(RandomSampler(range(n)), dataset_len=n, batch_size=b, seed=seed, world_size=new)
+    per_rank = len(_rank_layouts(n, b, new, seed, epoch, moved, False)[0])
+    assert moved.batches_consumed + -(-per_rank // b) == probe_new.epoch_batches()
+    assert len({len(r) for r in _rank_layouts(n, b, new, seed, epoch, moved, False)}) == 1
+
+
+def test_reshard_two_to_one_continues_with_the_unseen_samples() -> None:
+    n, b = 40, 4
+    two = [
+        PlannedSampler(RandomSampler(range(n)), dataset_len=n, batch_size=b, seed=0, rank=r, world_size=2)
+        for r in range(2)
+    ]
+    seen = [i for s in two for i in list(s)[: 3 * b]]
+    moved = reshard_position(two[0].position(0, 3), 1)
+    one = PlannedSampler(RandomSampler(range(n)), dataset_len=n, batch_size=b, seed=0)
+    one.resume(moved)
+    rest = list(one)
+    assert sorted(seen + rest) == list(range(n))
+    assert moved.batches_consumed == 10 - len(rest) // b
+
+
+def test_reshard_refuses_a_custom_batch_sampler_position() -> None:
+    pos = LoaderPosition(epoch=0, batches_consumed=1, world_size=1)
+    with pytest.raises(PositionMismatchError, match="world_size=1 to 2"):
+        reshard_position(pos, 2)
+
+
+class _Pairs(BatchSampler):
+    """Variable-size batches: a custom batch sampler."""
+
+    def __iter__(self):
+        idx = list(self.sampler)
+        i, size = 0, 1
+        while i < len(idx):
+            yield idx[i : i + size]
+            i += size
+            size = 3 - size
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) * 2 // 3)
+
+
+def test_planned_batch_sampler_skips_consumed_batches() -> None:
+    s = PlannedBatchSampler(_Pairs(RandomSampler(range(11)), 2, False), seed=2)
+    s.set_epoch(1)
+    full = list(s)
+    assert sorted(i for bt in full for i in bt) == list(range(11))
+    for k in range(len(full) + 1):
+        s.start_at(1, k)
+        assert list(s) == full[k:]
+
+
+@pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 0)])
+def test_resume_iterator_changes_workers_without_skipping(workers_before: int, workers_after: int) -> None:
+    ds = list(range(30))
+    loader = make_resumable(DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers_before), seed=7)
+    full = _flat(list(loader))
+    it = iter(loader)
+    cursor = ConsumerCursor()
+    got = []
+    for _ in range(3):
+        got.append(next(it))  # the workers have read further ahead than this
+        cursor.consumed()
+    it = resume_iterator(loader, cursor.batches, old_iterator=it, num_workers=workers_after, pin_memory=False)
+    got.extend(it)
+    assert _flat(got) == full
+    assert loader.num_workers == workers_after
+
+
+def test_resume_iterator_restarts_persistent_workers() -> None:
+    loader = make_resumable(
+        DataLoader(list(range(20)), batch_size=2, shuffle=True, num_workers=1, persistent_workers=True), seed=1
+    )
+    full = _flat(list(loader))
+    it = iter(loader)
+    first = [next(it) for _ in range(4)]
+    rest = list(resume_iterator(loader, 4, old_iterator=it, num_workers=2, prefetch_factor=3))
+    assert _flat(first + rest) == full
+
+
+def test_resume_iterator_rejects_settings_torch_cannot_change() -> None:
+    loader = make_resumable(DataLoader(list(range(8)), batch_size=2), seed=0)
+    with pytest.raises(ValueError, match=r"cannot change \['batch_size'\]"):
+        resume_iterator(loader, 1, batch_size=4)
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        resume_iterator(loader, 1, num_workers=-1)
+    with pytest.raises(TypeError, match="make_resumable"):
+        resume_iterator(DataLoader(list(range(8))), 1)
+
+
+def test_make_resumable_refuses_what_it_cannot_make_exact() -> None:
+    class Plain(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(TypeError, match="without state_dict"):
+        make_resumable(DataLoader(Plain()), seed=0)
+    with pytest.raises(ValueError, match=r"custom batch sampler.*world_size=2"):
+        make_resumable(DataLoader(list(range(8)), batch_sampler=_Pairs(range(8), 2, False)), seed=0, world_size=2)
+
+    class Sub(DataLoader):
+        pass
+
+    with pytest.raises(TypeError, match=r"got .*Sub"):
+        make_resumable(Sub(list(range(4))), seed=0)
+
+
+class _CountingStream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pos = 0
+
+    def __iter__(self):
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+def test_stateful_tap_state_follows_the_consumer_not_the_producer() -> None:
+    tap = StatefulIterableTap(_CountingStream(10), batch_size=3)
+    it = iter(tap)
+    for _ in range(8):  # the producer is two samples into batch 3
+        next(it)
+    assert tap.state_at(2) == {"pos": 6}
+    fresh = _CountingStream(10)
+    tap2 = StatefulIterableTap(fresh, batch_size=3)
+    tap2.resume(tap.state_at(2))
+    assert list(tap2) == [6, 7, 8, 9]
+    with pytest.raises(PositionMismatchError, match="after 9 batches"):
+        tap.state_at(9)
+
+
+def test_stateful_tap_refuses_workers() -> None:
+    with pytest.raises(ValueError, match="num_workers=2"):
+        make_resumable(DataLoader(_CountingStream(4), batch_size=2, num_workers=2), seed=0)
+
+
+def test_cursor_state_round_trip_and_version() -> None:
+    c = ConsumerCursor()
+    c.start_epoch(3)
+    c.consumed(4)
+    d = ConsumerCursor()
+    d.load_state_dict(c.state_dict())
+    assert (d.epoch, d.batches) == (3, 4)
+    with pytest.raises(PositionMismatchError, match="version 0"):
+        d.load_state_dict({"epoch": 1, "batches": 1, "version": 0})
