@@ -1,0 +1,504 @@
+"""Diagnosis: from one window of measurements to the constraint that limits training, and its fix.
+
+:func:`diagnose` applies one rule per verdict to a :class:`~lightning_loadguard.meters.window.WindowSnapshot`.
+The rules judge sustained rates (the producer's measured busy time against the step time), not the
+window's wait alone: a full buffer in front of a slow producer shows no wait until it is empty. The
+thresholds are the module constants below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean, median
+
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.model import capacity as cap
+from lightning_loadguard.model.buffer import steady_state_wait
+from lightning_loadguard.model.drain import DrainAlarm, drain_from_levels, drain_from_rates
+from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Evidence, Finding
+
+__all__ = [
+    "EPOCH_START_SHARE",
+    "MAX_EXTRA_WORKERS",
+    "PACED_STEP_SHARE",
+    "STRAGGLER_GAP",
+    "TRANSFER_SHARE",
+    "WAIT_OK",
+    "Diagnosis",
+    "Finding",
+    "diagnose",
+]
+
+WAIT_OK = 0.05
+"""Share of loop time spent waiting for data that counts as a constraint. Below 5 % the loader is not
+what limits training, and a fix is judged to have worked."""
+
+TRANSFER_SHARE = 0.2
+"""Share of loop time in the host-to-device copy above which the copy itself is a constraint."""
+
+EPOCH_START_SHARE = 0.05
+"""Share of an epoch spent starting the loader's iterator (worker launch) that counts as a stall."""
+
+STRAGGLER_GAP = 0.05
+"""How far (in wait fraction) one rank must wait more than the median rank to be named: every other
+rank loses that time in the gradient all-reduce."""
+
+PACED_STEP_SHARE = 0.5
+"""Share of steps that waited before the achieved rate is taken as the producer's rate, when the
+producer is not instrumented: a loop that waits on most steps runs at the producer's pace."""
+
+MAX_EXTRA_WORKERS = 8
+"""Most workers beyond the current count tried in replays when depth alone cannot absorb bursts."""
+
+_WAITED = 0.01  # a wait shorter than 1 % of a step is timer noise, not a wait for the producer
+_BUDGET_NAMES = {"ram_share": "available RAM", "shm_share": "free /dev/shm"}
+_LOSSES = frozenset({"producer_deficit", "bursty", "transfer_bound", "epoch_start_stall", "straggler_rank"})
+
+
+def diagnose(
+    snapshot: WindowSnapshot,
+    history: Sequence[WindowSnapshot] = (),
+    *,
+    steps_per_epoch: int | None = None,
+) -> Diagnosis:
+    """Name the constraint that limits the training loop's data path, with evidence and fixes.
+
+    Args:
+        snapshot: the latest window of measurements.
+        history: earlier windows of this run, oldest first. Those with the same loader settings add their
+            production and step times to the sustained rates and the buffer replay.
+        steps_per_epoch: training batches per epoch, to weigh the iterator start-up against an epoch;
+            without it the window stands in for the epoch (which overstates the start-up's share when
+            the window is shorter than an epoch).
+
+    Returns:
+        A :class:`Diagnosis` whose ``verdict`` is the most severe finding's (``compute_bound`` when
+        nothing costs more than ``WAIT_OK``).
+
+    Example:
+        Two workers at 0.5 s per batch cannot feed a 0.1 s step (they make 4 batches/s, it takes 10):
+
+        >>> from lightning_loadguard.meters.window import HostFacts, LoaderSettings
+        >>> snap = WindowSnapshot(
+        ...     wait_s=(0.15,) * 50, step_s=(0.1,) * 50, production_s=(0.5,) * 50,
+        ...     settings=LoaderSettings(num_workers=2, prefetch_factor=2), host=HostFacts(cpu_count=16))
+        >>> d = diagnose(snap)
+        >>> d.verdict, d.finding("producer_deficit").evidence["workers_needed"]
+        ('producer_deficit', 6)
+    """
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch!r}")
+    if not snapshot.step_s:
+        raise ValueError("snapshot.step_s must hold at least one step")
+    facts = _gather(snapshot, history)
+    findings = [
+        f
+        for rule in (_deficit, _bursty, _transfer, _straggler, _oversubscribed, _memory)
+        if (f := rule(facts)) is not None
+    ]
+    epoch = _epoch_start(facts, steps_per_epoch)
+    if epoch is not None:
+        findings.append(epoch)
+    if facts.draining is None and not any(f.verdict in _LOSSES for f in findings):
+        findings.append(_compute_bound(facts))
+    findings.sort(key=lambda f: (-f.severity, VERDICTS.index(f.verdict)))
+    if findings[0].severity < WAIT_OK:
+        # Below WAIT_OK a warning is listed but does not outrank a healthy loop.
+        bound = [f for f in findings if f.verdict == "compute_bound"]
+        findings = bound + [f for f in findings if f.verdict != "compute_bound"]
+    return Diagnosis(verdict=findings[0].verdict, findings=tuple(findings), draining=facts.draining)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    snap: WindowSnapshot
+    workers: int
+    prefetch: int
+    production_s: tuple[float, ...]  # per batch, one worker's busy time (pooled over same-settings windows)
+    step_s: tuple[float, ...]
+    consumer_rate: float
+    capacity: float | None  # batches/s of all workers together
+    capacity_source: str
+    stall_fraction: float  # loop share waited on fetches whose batch was not there yet
+    ready_wait_fraction: float  # loop share waited on fetches whose batch was already there
+    draining: DrainAlarm | None
+
+    @property
+    def headroom(self) -> float | None:
+        return None if self.capacity is None else self.capacity / self.consumer_rate
+
+    @property
+    def mean_step_s(self) -> float:
+        return fmean(self.step_s)
+
+
+def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
+    same = [h for h in history if h.settings == snap.settings] + [snap]
+    production = tuple(t for h in same for t in h.production_s)
+    steps = tuple(t for h in same for t in h.step_s)
+    workers = max(0, snap.settings.num_workers)
+    prefetch = snap.settings.prefetch_factor or 2
+    if workers == 0 and not production:
+        production = snap.wait_s  # made in the training process: each fetch is one production
+    consumer_rate = 1.0 / fmean(steps) if fmean(steps) > 0 else math.inf
+    loop = snap.loop_s
+    ready_wait = 0.0
+    if snap.ready is not None and len(snap.ready) == len(snap.wait_s):
+        ready_wait = math.fsum(w for w, r in zip(snap.wait_s, snap.ready, strict=True) if r)
+    stall = snap.wait_fraction - (ready_wait / loop if loop > 0 else 0.0)
+    capacity, source = _capacity(snap, production, workers)
+    draining = drain_from_levels(snap.buffer_level) if snap.buffer_level else None
+    if draining is not None and (capacity is None or capacity >= consumer_rate):
+        # The level trace is the net rate itself; it outranks a busy-time figure that says otherwise.
+        capacity, source = consumer_rate * (1.0 - draining.drain_rate), "buffer drain"
+    elif draining is None and capacity is not None and workers > 0 and snap.wait_fraction < WAIT_OK:
+        level = snap.buffer_level[-1] if snap.buffer_level else snap.settings.batches_in_flight
+        draining = drain_from_rates(capacity, consumer_rate, level)
+    if capacity is None and workers > 0 and _paced(snap):
+        capacity, source = snap.throughput, "achieved throughput"
+    return _Facts(
+        snap=snap,
+        workers=workers,
+        prefetch=prefetch,
+        production_s=production,
+        step_s=steps,
+        consumer_rate=consumer_rate,
+        capacity=capacity,
+        capacity_source=source,
+        stall_fraction=max(0.0, stall),
+        ready_wait_fraction=ready_wait / loop if loop > 0 else 0.0,
+        draining=draining,
+    )
+
+
+def _capacity(snap: WindowSnapshot, production: tuple[float, ...], workers: int) -> tuple[float | None, str]:
+    if production:
+        return cap.producer_capacity(production, workers), "worker busy time"
+    if snap.producer_rate is not None and snap.producer_rate > 0:
+        return snap.producer_rate, "producer meter"
+    return None, "unmeasured"
+
+
+def _paced(snap: WindowSnapshot) -> bool:
+    floor = _WAITED * snap.mean_step_s
+    waited = sum(1 for w in snap.wait_s if w > floor)
+    return snap.steps > 0 and waited / snap.steps >= PACED_STEP_SHARE and snap.wait_fraction >= WAIT_OK
+
+
+def _rates(facts: _Facts) -> Evidence:
+    evidence: Evidence = {
+        "consumer_rate": facts.consumer_rate,
+        "wait_fraction": facts.snap.wait_fraction,
+        "num_workers": facts.workers,
+    }
+    if facts.capacity is not None:
+        evidence["producer_rate"] = facts.capacity
+        evidence["headroom"] = facts.capacity / facts.consumer_rate
+        evidence["capacity_source"] = facts.capacity_source
+    return evidence
+
+
+def _worker_time(facts: _Facts) -> float:
+    """One worker's mean time per batch."""
+    if facts.production_s:
+        return fmean(facts.production_s)
+    assert facts.capacity is not None
+    return max(1, facts.workers) / facts.capacity
+
+
+def _deficit(facts: _Facts) -> Finding | None:
+    host = facts.snap.host
+    if facts.workers == 0:
+        if facts.snap.wait_fraction < WAIT_OK:
+            return None
+        severity = facts.snap.wait_fraction
+        why = "batches are made in the training process, so each step also waits for its batch"
+    elif facts.capacity is not None and facts.capacity < facts.consumer_rate:
+        severity = 1.0 - facts.capacity / facts.consumer_rate
+        why = (
+            f"the loader makes {facts.capacity:.3g} batches/s but the step takes {facts.consumer_rate:.3g}/s"
+        )
+    else:
+        return None
+    per_batch = _worker_time(facts)
+    needed = cap.workers_needed(per_batch, facts.consumer_rate)
+    budget = cap.worker_budget(host)
+    evidence = _rates(facts) | {
+        "worker_time_s": per_batch,
+        "workers_needed": needed,
+        "worker_budget": budget,
+        "cores_per_process": host.cores_per_process,
+    }
+    fits_memory = _fits_memory(facts, needed * facts.prefetch)
+    if needed <= budget and fits_memory:
+        fix = f"num_workers={needed} (now {facts.workers})."
+    else:
+        limits = []
+        if needed > budget:
+            limits.append(f"{host.cores_per_process:.3g} cores per training process allow {budget} workers")
+        if not fits_memory:
+            limits.append(f"{needed * facts.prefetch} batches in flight per process exceed the memory budget")
+        fix = (
+            f"This host cannot give the {needed} workers needed ({'; '.join(limits)}). Use num_workers="
+            f"{min(needed, budget)} and make each batch cheaper: lighter transforms, cache decoded samples, "
+            "move augmentation to the accelerator, or run fewer training processes per host."
+        )
+    if facts.workers > 0:
+        lag = 1.0 / facts.capacity - facts.mean_step_s if facts.capacity else 0.0
+        evidence["deficit_per_batch_s"] = lag
+        fix += (
+            f" A deeper prefetch_factor is not the fix: with the producer slower on average the wait tends "
+            f"to "
+            f"{lag * 1e3:.3g} ms per batch however deep the buffer; prefetch only postpones it."
+        )
+    summary = f"Producer deficit: {why}; {needed} workers would keep up."
+    return Finding("producer_deficit", min(1.0, severity), evidence, fix, summary)
+
+
+def _bursty(facts: _Facts) -> Finding | None:
+    if facts.workers == 0 or facts.stall_fraction < WAIT_OK or facts.capacity is None:
+        return None
+    if facts.capacity < facts.consumer_rate:
+        return None
+    advice = _depth_advice(facts, facts.workers)
+    if advice is None:
+        return None
+    evidence = _rates(facts) | {
+        "stall_fraction": facts.stall_fraction,
+        "prefetch_factor_now": facts.prefetch,
+        "recommended_prefetch_factor": advice.prefetch_factor,
+        "expected_wait_s": advice.expected_wait_s,
+        "expected_wait_fraction": advice.expected_wait_fraction,
+    }
+    if advice.prefetch_factor > facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
+        fix = (
+            f"prefetch_factor={advice.prefetch_factor} (now {facts.prefetch}; {advice.batches_in_flight} "
+            f"batches in flight): replaying the measured times expects {advice.expected_wait_s * 1e3:.3g} ms "
+            f"wait per step ({advice.expected_wait_fraction:.1%} of loop time)."
+        )
+    else:
+        workers = _workers_for_bursts(facts)
+        if workers is None:
+            fix = (
+                "Depth alone does not absorb these bursts and more workers would not either: make the slow "
+                "batches cheaper (cache them, or even out sample sizes)."
+            )
+        else:
+            evidence["workers_for_bursts"], extra = workers[0], workers[1]
+            fix = (
+                f"num_workers={workers[0]} with prefetch_factor={extra.prefetch_factor}: depth alone leaves "
+                f"{advice.expected_wait_fraction:.1%} wait; with more workers the replay expects "
+                f"{extra.expected_wait_fraction:.1%}."
+            )
+    fix += _memory_note(facts, evidence)
+    summary = (
+        f"Bursts: the loader keeps up on average (headroom {facts.capacity / facts.consumer_rate:.3g}x) but "
+        f"slow batches stall the step for {facts.stall_fraction:.1%} of loop time."
+    )
+    return Finding("bursty", min(1.0, facts.stall_fraction), evidence, fix, summary)
+
+
+def _depth_advice(facts: _Facts, workers: int) -> cap.PrefetchAdvice | None:
+    if facts.production_s:
+        return cap.recommend_prefetch(facts.production_s, facts.step_s, num_workers=workers)
+    # Only rates are known: the closed-form estimate stands in for the replay.
+    assert facts.capacity is not None
+    per_worker = facts.capacity / max(1, facts.workers)
+    x, y = facts.mean_step_s, 1.0 / (per_worker * workers)
+    optimum = steady_state_wait(x, y, workers * cap.DEEP_PREFETCH)
+    prefetch = next(
+        (
+            p
+            for p in range(1, cap.DEEP_PREFETCH + 1)
+            if steady_state_wait(x, y, workers * p) <= optimum + cap.PREFETCH_TOLERANCE * x
+        ),
+        cap.DEEP_PREFETCH,
+    )
+    wait = steady_state_wait(x, y, workers * prefetch)
+    return cap.PrefetchAdvice(prefetch, workers * prefetch, wait, wait / (wait + x), optimum)
+
+
+def _workers_for_bursts(facts: _Facts) -> tuple[int, cap.PrefetchAdvice] | None:
+    limit = max(cap.worker_budget(facts.snap.host), facts.workers)
+    for workers in range(facts.workers + 1, min(limit, facts.workers + MAX_EXTRA_WORKERS) + 1):
+        advice = _depth_advice(facts, workers)
+        if advice is not None and advice.expected_wait_fraction < WAIT_OK:
+            return workers, advice
+    return None
+
+
+def _transfer(facts: _Facts) -> Finding | None:
+    snap = facts.snap
+    copy_share = math.fsum(snap.transfer_s) / snap.loop_s if snap.transfer_s and snap.loop_s > 0 else 0.0
+    handover = facts.ready_wait_fraction >= WAIT_OK
+    copy = copy_share >= TRANSFER_SHARE
+    if not (handover or copy):
+        return None
+    ready = [w for w, r in zip(snap.wait_s, snap.ready or (), strict=False) if r]
+    evidence: Evidence = {
+        "ready_wait_fraction": facts.ready_wait_fraction,
+        "transfer_fraction": copy_share,
+        "pin_memory": int(snap.settings.pin_memory),
+    }
+    if snap.ready_fraction is not None:
+        evidence["ready_fraction"] = snap.ready_fraction
+    if ready:
+        evidence["ready_fetch_s"] = fmean(ready)
+    actions = []
+    if handover:
+        actions.append(
+            "the batch was already made, so the cost is in handing it over: return a few large contiguous "
+            "tensors (not many small ones or Python objects) and compact dtypes (uint8, fp16) converted on "
+            "the accelerator"
+        )
+    if copy:
+        pin = "" if snap.settings.pin_memory else "pin_memory=True and "
+        actions.append(f"the copy to the device takes {copy_share:.0%}: {pin}.to(device, non_blocking=True)")
+    summary = (
+        f"Transfer-bound: with batches ready, handing them over and copying them costs "
+        f"{facts.ready_wait_fraction + copy_share:.1%} of loop time."
+    )
+    severity = min(1.0, facts.ready_wait_fraction + copy_share)
+    return Finding("transfer_bound", severity, evidence, "; ".join(actions).capitalize() + ".", summary)
+
+
+def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
+    snap = facts.snap
+    if not snap.epoch_start_s or snap.steps == 0 or facts.workers == 0:
+        return None
+    start = fmean(snap.epoch_start_s)
+    per_step = snap.loop_s / snap.steps
+    epoch = per_step * (steps_per_epoch if steps_per_epoch is not None else snap.steps)
+    share = start / (start + epoch) if start + epoch > 0 else 0.0
+    if share < EPOCH_START_SHARE:
+        return None
+    evidence: Evidence = {"epoch_start_s": start, "epoch_s": epoch, "epoch_start_share": share}
+    if snap.settings.persistent_workers:
+        fix = (
+            "persistent_workers is already on, so the start-up is not worker launch: look at the sampler's "
+            "and dataset's per-epoch set-up (shuffling a large index, re-opening files)."
+        )
+    else:
+        fix = f"persistent_workers=True: workers then start once, saving about {start:.3g} s per epoch."
+    summary = f"Epoch-start stall: starting the loader takes {start:.3g} s, {share:.1%} of each epoch."
+    return Finding("epoch_start_stall", min(1.0, share), evidence, fix, summary)
+
+
+def _straggler(facts: _Facts) -> Finding | None:
+    fractions = facts.snap.rank_wait_fractions
+    if len(fractions) < 2:
+        return None
+    rank = max(range(len(fractions)), key=fractions.__getitem__)
+    worst, typical = fractions[rank], median(fractions)
+    if worst < WAIT_OK or worst - typical < STRAGGLER_GAP:
+        return None
+    evidence: Evidence = {"rank": rank, "rank_wait_fraction": worst, "median_wait_fraction": typical}
+    fix = (
+        f"Look at rank {rank}'s host and shard: its cores and disk (other jobs, a slower node), uneven "
+        "sample sizes in its shard; give that host more loader workers or balance the shards."
+    )
+    summary = (
+        f"Straggler: rank {rank} waits for data {worst:.1%} of the time (median rank {typical:.1%}); every "
+        "rank waits for it in the gradient all-reduce."
+    )
+    return Finding("straggler_rank", min(1.0, worst - typical), evidence, fix, summary)
+
+
+def _oversubscribed(facts: _Facts) -> Finding | None:
+    host = facts.snap.host
+    procs = max(1, host.processes_on_host)
+    total = facts.workers * procs
+    if total <= host.cpu_count:
+        return None
+    # Idle workers do not contend for cores: weigh by how busy the producer is.
+    busy = 1.0 if facts.capacity is None else min(1.0, facts.consumer_rate / facts.capacity)
+    severity = (1.0 - host.cpu_count / total) * busy
+    budget = cap.worker_budget(host)
+    evidence: Evidence = {
+        "num_workers": facts.workers,
+        "processes_on_host": procs,
+        "cpu_count": host.cpu_count,
+        "worker_budget": budget,
+        "worker_busy_share": busy,
+    }
+    fix = (
+        f"num_workers={max(1, budget)} (now {facts.workers}): more workers than cores slow the step "
+        "they feed."
+    )
+    summary = (
+        f"Host oversubscribed: {procs} training processes x {facts.workers} workers = {total} worker "
+        f"processes on {host.cpu_count} cores."
+    )
+    return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary)
+
+
+def _memory(facts: _Facts) -> Finding | None:
+    snap, host = facts.snap, facts.snap.host
+    inflight = snap.inflight_host_bytes
+    if inflight is None and snap.batch_bytes is not None:
+        inflight = cap.host_inflight_bytes(
+            snap.batch_bytes, snap.settings.batches_in_flight, max(1, host.processes_on_host)
+        )
+    if not inflight:
+        return None
+    shares = {}
+    if host.available_ram_bytes:
+        shares["ram_share"] = inflight / host.available_ram_bytes
+    if facts.workers > 0 and host.shm_free_bytes:
+        shares["shm_share"] = inflight / host.shm_free_bytes
+    at_risk = shares.get("ram_share", 0.0) >= cap.RAM_BUDGET_SHARE or (
+        shares.get("shm_share", 0.0) >= cap.SHM_BUDGET_SHARE
+    )
+    if not at_risk:
+        return None
+    evidence: Evidence = {"inflight_host_bytes": inflight, **shares}
+    fix = "Fewer batches in flight: " + _memory_note(facts, evidence, always=True).strip()
+    summary = (
+        f"Memory risk: {inflight / 2**30:.3g} GiB of batches in flight across the host's processes "
+        f"({', '.join(f'{v:.0%} of {_BUDGET_NAMES[k]}' for k, v in shares.items())})."
+    )
+    return Finding("memory_risk", min(1.0, max(shares.values())), evidence, fix, summary)
+
+
+def _fits_memory(facts: _Facts, batches_in_flight: int) -> bool:
+    if facts.snap.batch_bytes is None:
+        return True
+    limit = cap.max_batches_in_flight(facts.snap.batch_bytes, facts.snap.host, uses_shm=facts.workers > 0)
+    return limit is None or batches_in_flight <= limit
+
+
+def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> str:
+    batch_bytes = facts.snap.batch_bytes
+    if batch_bytes is None or facts.workers == 0:
+        return ""
+    limit = cap.max_batches_in_flight(batch_bytes, facts.snap.host)
+    if limit is None:
+        return ""
+    wanted = evidence.get("recommended_prefetch_factor", facts.prefetch)
+    if not always and isinstance(wanted, int) and facts.workers * wanted <= limit:
+        return ""
+    evidence["max_batches_in_flight"] = limit
+    most = limit // facts.workers
+    if most >= 1:
+        return f" Memory allows at most prefetch_factor={most} with {facts.workers} workers."
+    return f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)}."
+
+
+def _compute_bound(facts: _Facts) -> Finding:
+    evidence = _rates(facts)
+    if facts.capacity is not None:
+        detail = (
+            f"the loader can make {facts.capacity:.3g} batches/s, "
+            f"{facts.capacity / facts.consumer_rate:.3g}x the {facts.consumer_rate:.3g}/s the step takes"
+        )
+    else:
+        detail = f"the loop waits for data {facts.snap.wait_fraction:.1%} of the time"
+    return Finding(
+        "compute_bound",
+        0.0,
+        evidence,
+        "Nothing to change in the loader; speed up the step itself.",
+        f"Compute-bound: the loader is not the constraint; {detail}.",
+    )

@@ -1,0 +1,239 @@
+"""Diagnosis rules on synthetic windows with known timings (no Trainer)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.model import Diagnosis, diagnose, drain_from_levels, simulate_buffer
+from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
+
+_BIG_HOST = HostFacts(cpu_count=32)
+
+
+def _simulated(
+    prod: list[float],
+    step: float,
+    workers: int,
+    prefetch: int = 2,
+    steps: int = 120,
+    host: HostFacts = _BIG_HOST,
+    **fields: object,
+) -> WindowSnapshot:
+    """A window whose waits and levels come from replaying known timings through the buffer model."""
+    run = simulate_buffer(prod, [step], num_workers=workers, prefetch_factor=prefetch, steps=steps)
+    return WindowSnapshot(
+        wait_s=run.waits,
+        step_s=(step,) * steps,
+        settings=LoaderSettings(num_workers=workers, prefetch_factor=prefetch),
+        host=host,
+        buffer_level=run.levels if workers else None,
+        production_s=tuple(prod[j % len(prod)] for j in range(steps)),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_fast_loader_is_compute_bound_with_its_headroom() -> None:
+    d = diagnose(_simulated([0.1], 0.1, workers=4))
+    assert d.verdict == "compute_bound"
+    assert d.findings[0].evidence["headroom"] == pytest.approx(4.0)
+    assert d.draining is None
+    assert "not the constraint" in d.to_text()
+
+
+def test_deficit_names_the_workers_needed_and_rules_out_prefetch() -> None:
+    d = diagnose(_simulated([0.5], 0.1, workers=2))
+    assert d.verdict == "producer_deficit"
+    f = d.findings[0]
+    assert f.evidence["workers_needed"] == 6  # 0.5 s x 10 batches/s = 5 in flight, + 20 % margin
+    assert f.evidence["deficit_per_batch_s"] == pytest.approx(0.15)
+    assert "num_workers=6" in f.fix
+    assert "prefetch_factor is not the fix" in f.fix
+    assert "recommended_prefetch_factor" not in f.evidence
+
+
+def test_deficit_on_a_crowded_host_says_what_helps_instead() -> None:
+    host = HostFacts(cpu_count=8, processes_on_host=4)
+    d = diagnose(_simulated([0.5], 0.1, workers=1, host=host))
+    f = d.finding("producer_deficit")
+    assert f is not None
+    assert f.evidence["worker_budget"] == 1
+    assert "cannot give the 6 workers" in f.fix
+    assert "cache" in f.fix
+
+
+def test_in_process_loading_is_a_deficit_fixed_by_workers() -> None:
+    d = diagnose(_simulated([0.05], 0.1, workers=0))
+    assert d.verdict == "producer_deficit"
+    assert d.findings[0].evidence["workers_needed"] == 1
+    assert "num_workers=1" in d.findings[0].fix
+
+
+def test_a_draining_buffer_with_no_wait_is_not_compute_bound() -> None:
+    # The buffer filled during start-up and now loses a batch every 4 steps; the window saw no wait.
+    levels = tuple(16 - k // 4 for k in range(40))
+    snap = WindowSnapshot(
+        wait_s=(0.0,) * 40,
+        step_s=(0.1,) * 40,
+        settings=LoaderSettings(num_workers=4, prefetch_factor=4),
+        host=_BIG_HOST,
+        buffer_level=levels,
+        producer_instrumented=False,
+    )
+    d = diagnose(snap)
+    assert d.verdict == "producer_deficit"
+    assert d.draining is not None
+    assert d.draining.drain_rate == pytest.approx(0.25, abs=0.01)
+    assert d.draining.steps_to_empty == pytest.approx(27, abs=2)
+    assert d.findings[0].evidence["capacity_source"] == "buffer drain"
+    assert "draining" in d.to_text()
+
+
+def test_a_measured_deficit_behind_a_full_buffer_raises_the_alarm_from_rates() -> None:
+    snap = WindowSnapshot(
+        wait_s=(0.0,) * 30,
+        step_s=(0.1,) * 30,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=4),
+        host=_BIG_HOST,
+        production_s=(0.25,) * 30,  # 8 batches/s against 10/s
+    )
+    d = diagnose(snap)
+    assert d.verdict == "producer_deficit"
+    assert d.draining is not None and d.draining.source == "rates"
+    assert d.draining.drain_rate == pytest.approx(0.2)
+    assert d.draining.steps_to_empty == pytest.approx(8 / 0.2)
+
+
+def test_bursts_get_the_depth_the_replay_finds() -> None:
+    prod = [0.05] * 14 + [1.5]  # every 15th batch is slow; capacity is ample on average
+    d = diagnose(_simulated(prod, 0.1, workers=2, prefetch=1, steps=150))
+    assert d.verdict == "bursty"
+    f = d.findings[0]
+    depth = f.evidence["recommended_prefetch_factor"]
+    assert isinstance(depth, int)
+    waits = [
+        simulate_buffer(
+            prod, [0.1], num_workers=2, prefetch_factor=p, steps=600, record_levels=False
+        ).mean_wait_s
+        for p in range(1, 33)
+    ]
+    optimum = next(p for p, w in enumerate(waits, 1) if w <= waits[-1] + PREFETCH_TOLERANCE * 0.1)
+    assert abs(depth - optimum) <= 1
+    assert f.evidence["expected_wait_fraction"] < 0.05
+    assert f"prefetch_factor={depth}" in f.fix
+
+
+def test_bursts_depth_cannot_absorb_ask_for_workers() -> None:
+    # Every 16th batch is slow and batches go round-robin, so with 2 workers the slow one always lands on
+    # worker 1, which then falls behind (1.85 s per 1.6 s of steps) however deep the buffer. A third worker
+    # spreads the slow batches over all workers.
+    prod = [0.05] * 15 + [1.5]
+    d = diagnose(_simulated(prod, 0.1, workers=2, prefetch=1, steps=160))
+    f = d.finding("bursty")
+    assert f is not None
+    assert f.evidence["workers_for_bursts"] == 3
+    assert "num_workers=3" in f.fix
+
+
+def test_epoch_start_stall_recommends_persistent_workers() -> None:
+    snap = _simulated([0.1], 0.1, workers=4, epoch_start_s=(2.0, 2.2))
+    d = diagnose(snap, steps_per_epoch=100)
+    assert d.verdict == "epoch_start_stall"
+    assert "persistent_workers=True" in d.findings[0].fix
+    assert d.findings[0].evidence["epoch_start_s"] == pytest.approx(2.1)
+
+
+def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
+    snap = WindowSnapshot(
+        wait_s=(0.02,) * 50,
+        step_s=(0.1,) * 50,
+        settings=LoaderSettings(num_workers=4),
+        host=_BIG_HOST,
+        ready=(True,) * 50,
+        production_s=(0.1,) * 50,
+    )
+    d = diagnose(snap)
+    assert d.verdict == "transfer_bound"
+    assert d.findings[0].evidence["ready_wait_fraction"] == pytest.approx(0.02 / 0.12)
+    assert d.finding("bursty") is None
+
+
+def test_too_many_workers_for_the_cores() -> None:
+    host = HostFacts(cpu_count=8, processes_on_host=2)
+    d = diagnose(_simulated([0.7], 0.1, workers=8, host=host))
+    f = d.finding("host_oversubscribed")
+    assert f is not None
+    assert f.evidence["worker_budget"] == 3
+    assert "num_workers=3" in f.fix
+
+
+def test_the_straggler_rank_is_named() -> None:
+    snap = _simulated([0.1], 0.1, workers=4, rank_wait_fractions=(0.01, 0.02, 0.31, 0.01))
+    d = diagnose(snap)
+    assert d.verdict == "straggler_rank"
+    assert d.findings[0].evidence["rank"] == 2
+    assert "rank 2" in d.findings[0].summary
+
+
+def test_memory_risk_counts_the_host() -> None:
+    host = HostFacts(
+        cpu_count=32, processes_on_host=4, available_ram_bytes=8 * 2**30, shm_free_bytes=64 * 2**30
+    )
+    snap = _simulated([0.1], 0.1, workers=4, prefetch=8, host=host, batch_bytes=2**27)
+    d = diagnose(snap)  # 128 MiB x 32 in flight x 4 processes = 16 GiB against 8 GiB available
+    assert d.verdict == "memory_risk"
+    assert d.findings[0].evidence["inflight_host_bytes"] == 16 * 2**30
+    assert "prefetch_factor=" in d.findings[0].fix
+
+
+def test_key_ignores_drift_but_not_a_new_verdict() -> None:
+    a = diagnose(_simulated([0.5], 0.1, workers=2))
+    b = diagnose(_simulated([0.5001], 0.1001, workers=2))
+    c = diagnose(_simulated([0.1], 0.1, workers=4))
+    assert a.key() == b.key()
+    assert a.key() != c.key()
+    assert isinstance(a, Diagnosis) and a.findings[0] is a.finding("producer_deficit")
+
+
+def test_history_with_the_same_settings_adds_samples() -> None:
+    old = _simulated([0.5], 0.1, workers=2)
+    new = _simulated([0.3], 0.1, workers=2)
+    other = _simulated([5.0], 0.1, workers=3)
+    worker_time = diagnose(new, [other, old]).finding("producer_deficit")
+    assert worker_time is not None
+    assert worker_time.evidence["worker_time_s"] == pytest.approx(0.4)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        diagnose(_simulated([0.1], 0.1, workers=1), steps_per_epoch=0)
+    with pytest.raises(ValueError, match="levels"):
+        drain_from_levels([-1] * 10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(0.11, 1.0),
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.integers(5, 60),
+)
+def test_a_deficit_is_never_called_compute_bound(
+    per_worker: float, workers: int, prefetch: int, n: int
+) -> None:
+    # Whatever the window saw (here: no wait at all, as while a full buffer drains), a producer slower
+    # than the step is a deficit, and no depth is recommended for it.
+    step = 0.1 * 1.0
+    prod = per_worker * workers  # one batch per per_worker seconds from all workers: slower than 0.1 s
+    snap = WindowSnapshot(
+        wait_s=(0.0,) * n,
+        step_s=(step,) * n,
+        settings=LoaderSettings(num_workers=workers, prefetch_factor=prefetch),
+        host=_BIG_HOST,
+        production_s=(prod,) * n,
+    )
+    d = diagnose(snap)
+    assert d.verdict == "producer_deficit"
+    assert all("recommended_prefetch_factor" not in f.evidence for f in d.findings)
