@@ -206,6 +206,11 @@ def test_history_with_the_same_settings_adds_samples() -> None:
     assert worker_time.evidence["worker_time_s"] == pytest.approx(0.4)
 
 
+def test_steps_of_no_length_have_nothing_to_keep_up_with() -> None:
+    snap = WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.0,) * 10, production_s=(0.1,) * 10)
+    assert diagnose(snap).verdict == "compute_bound"
+
+
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="steps_per_epoch"):
         diagnose(_simulated([0.1], 0.1, workers=1), steps_per_epoch=0)
@@ -221,18 +226,18 @@ def test_bad_arguments_raise() -> None:
     st.integers(5, 60),
 )
 def test_a_deficit_is_never_called_compute_bound(
-    per_worker: float, workers: int, prefetch: int, n: int
+    per_batch: float, workers: int, prefetch: int, n: int
 ) -> None:
     # Whatever the window saw (here: no wait at all, as while a full buffer drains), a producer slower
     # than the step is a deficit, and no depth is recommended for it.
-    step = 0.1 * 1.0
-    prod = per_worker * workers  # one batch per per_worker seconds from all workers: slower than 0.1 s
+    # All workers together make one batch per `per_batch` seconds, slower than the 0.1 s step.
+    production = per_batch * workers
     snap = WindowSnapshot(
         wait_s=(0.0,) * n,
-        step_s=(step,) * n,
+        step_s=(0.1,) * n,
         settings=LoaderSettings(num_workers=workers, prefetch_factor=prefetch),
         host=_BIG_HOST,
-        production_s=(prod,) * n,
+        production_s=(production,) * n,
     )
     d = diagnose(snap)
     assert d.verdict == "producer_deficit"

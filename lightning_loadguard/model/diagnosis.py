@@ -210,6 +210,8 @@ def _worker_time(facts: _Facts) -> float:
 
 def _deficit(facts: _Facts) -> Finding | None:
     host = facts.snap.host
+    if math.isinf(facts.consumer_rate):
+        return None  # steps of no measurable length: nothing to keep up with
     if facts.workers == 0:
         if facts.snap.wait_fraction < WAIT_OK:
             return None
