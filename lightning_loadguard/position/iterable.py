@@ -59,11 +59,20 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         self.batch_size = batch_size or 1
         self.keep = keep
         self._pending: Any = None
+        self._base = 0
+        self._final: Any = None
         self._snapshots: OrderedDict[int, Any] = OrderedDict()
 
-    def resume(self, dataset_state: Any) -> None:
-        """Load ``dataset_state`` into the dataset when the next iteration starts."""
+    def resume(self, dataset_state: Any, batches_consumed: int = 0) -> None:
+        """Load ``dataset_state`` into the dataset when the next iteration starts.
+
+        ``batches_consumed`` is how many batches of the epoch that state already covers, so that
+        :meth:`state_at` keeps counting batches from the epoch's start.
+        """
+        if batches_consumed < 0:
+            raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed}")
         self._pending = dataset_state
+        self._base = batches_consumed
 
     def _record(self, batches: int) -> None:
         self._snapshots[batches] = copy.deepcopy(self.dataset.state_dict())
@@ -83,13 +92,23 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
             )
         return self._snapshots[batches_consumed]
 
+    @property
+    def final_state(self) -> Any:
+        """The dataset's state once the last iteration ran to its end (``None`` while it has not).
+
+        This is where the next epoch starts: a dataset that moves to its next epoch when exhausted has
+        already done so.
+        """
+        return self._final
+
     def __iter__(self) -> Iterator[Any]:
         if self._pending is not None:
             self.dataset.load_state_dict(self._pending)
             self._pending = None
+        produced, self._base = self._base, 0
+        self._final = None
         self._snapshots.clear()
-        self._record(0)
-        produced = 0
+        self._record(produced)
         in_batch = 0
         for item in self.dataset:
             in_batch += 1
@@ -101,3 +120,4 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
             yield item
         if in_batch:
             self._record(produced + 1)
+        self._final = copy.deepcopy(self.dataset.state_dict())

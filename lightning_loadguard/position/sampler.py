@@ -210,6 +210,20 @@ class PlannedSampler(DistributedSampler):  # type: ignore[type-arg]
         return self.num_samples
 
 
+class _EpochRelay:
+    """Forwards ``set_epoch`` to a batch plan.
+
+    Lightning (and other loops) call ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``
+    only, never on the batch sampler itself.
+    """
+
+    def __init__(self, owner: PlannedBatchSampler) -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+
 class PlannedBatchSampler(Sampler[list[int]]):
     """A custom batch sampler replayed from a consumed-batch offset (single process only).
 
@@ -230,6 +244,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self.source = source
         self.seed = seed
         self.epoch = 0
+        self.sampler = _EpochRelay(self)
         self._skip: tuple[int, int] | None = None
         self._cache: tuple[int, list[list[int]]] | None = None
 

@@ -1,0 +1,225 @@
+"""Builders for Trainer-level resume cases: a dataset of indices, datamodules, a recording model, a runner.
+
+Imported by the resume tests and run as a script for the cases that need real processes (DDP, SIGKILL):
+``python tests/resume_harness.py '<json case>'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+
+from lightning_loadguard.datamodule import ResumableLoaderMixin
+
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+
+
+class Indexed(Dataset):
+    """Sample ``i`` is ``(i, [i])``: the index travels with the sample to the training step."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, torch.tensor([float(i)])
+
+
+class PyShuffle(Sampler[int]):
+    """A custom sampler drawing from Python's ``random``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        idx = list(range(self.n))
+        random.shuffle(idx)
+        return iter(idx)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Alternating(BatchSampler):
+    """A custom batch sampler making batches of 1 and 3 samples in turn."""
+
+    def __iter__(self):
+        idx = list(self.sampler)
+        i, size = 0, 1
+        while i < len(idx):
+            yield idx[i : i + size]
+            i += size
+            size = 4 - size
+
+    def __len__(self) -> int:
+        n, count, size = len(self.sampler), 0, 1
+        while n > 0:
+            n -= size
+            count += 1
+            size = 4 - size
+        return count
+
+
+class Stream(IterableDataset):
+    """A stateful stream of indices in an epoch-dependent order."""
+
+    def __init__(self, n: int, stateful: bool = True) -> None:
+        self.n = n
+        self.pos = 0
+        self.epoch = 0
+
+    def _order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def __iter__(self):
+        order = self._order()
+        while self.pos < self.n:
+            i = order[self.pos]
+            self.pos += 1
+            yield i, torch.tensor([float(i)])
+        self.pos = 0
+        self.epoch += 1
+
+
+class StatefulStream(Stream):
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos, self.epoch = state["pos"], state["epoch"]
+
+
+class Data(ResumableLoaderMixin, pl.LightningDataModule):
+    def __init__(self, case: dict[str, Any]) -> None:
+        super().__init__()
+        self.case = case
+        if case.get("seed") is not None:
+            self.loader_seed = case["seed"]
+
+    def train_dataloader(self) -> DataLoader:
+        c = self.case
+        n, b, kind = c["n"], c.get("batch_size", 4), c.get("sampler", "default")
+        workers = c.get("workers", 0)
+        extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
+        if kind == "stateful_iterable":
+            return DataLoader(StatefulStream(n), batch_size=b, **extra)
+        if kind == "plain_iterable":
+            return DataLoader(Stream(n), batch_size=b, **extra)
+        ds = Indexed(n)
+        drop_last = c.get("drop_last", False)
+        if kind == "default":
+            return DataLoader(ds, batch_size=b, shuffle=c.get("shuffle", True), drop_last=drop_last, **extra)
+        if kind == "custom":
+            return DataLoader(ds, batch_size=b, sampler=PyShuffle(n), drop_last=drop_last, **extra)
+        if kind == "distributed":
+            sampler = DistributedSampler(
+                ds, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=True, seed=5
+            )
+            return DataLoader(ds, batch_size=b, sampler=sampler, drop_last=drop_last, **extra)
+        if kind == "batch_sampler":
+            return DataLoader(ds, batch_sampler=Alternating(PyShuffle(n), 1, False), **extra)
+        raise ValueError(f"unknown sampler kind {kind!r}")
+
+
+class Recorder(pl.LightningModule):
+    """Records the sample indices each training step sees; saves and stops (or dies) where told."""
+
+    def __init__(self, case: dict[str, Any], ckpt: str | None = None, log: str | None = None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.case = case
+        self.ckpt = ckpt
+        self.log_path = log
+        self.seen: list[int] = []
+        self.stepping_batches: float | None = None
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        idx, x = batch
+        got = [int(i) for i in idx]
+        self.seen.extend(got)
+        if self.log_path:
+            with open(f"{self.log_path}.rank{self.global_rank}", "a") as f:
+                f.write(json.dumps(got) + "\n")
+        return self.layer(x).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.case.get("read_stepping"):
+            self.stepping_batches = self.trainer.estimated_stepping_batches
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def _stop(self) -> None:
+        if self.ckpt and self.case.get("stop_kind") != "mcp":
+            self.trainer.save_checkpoint(self.ckpt)
+        if self.case.get("kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.trainer.should_stop = True
+
+    def on_train_start(self) -> None:
+        if self.case.get("stop_kind") == "start" and self.ckpt:
+            self._stop()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.case.get("stop_kind") in ("step", "mcp") and self.ckpt and self.global_step == self.case["stop_at"]:
+            self._stop()
+
+    def on_train_epoch_end(self) -> None:
+        if self.case.get("stop_kind") == "epoch_end" and self.ckpt and self.current_epoch == self.case["stop_at"]:
+            self._stop()
+
+
+def run(
+    case: dict[str, Any], *, ckpt_out: str | None = None, ckpt_in: str | None = None, log: str | None = None
+) -> tuple[Recorder, Data, pl.Trainer]:
+    """Fit once. With ``ckpt_out`` the run saves there at ``case['stop_kind']``/``case['stop_at']`` and stops."""
+    callbacks = []
+    if case.get("stop_kind") == "mcp" and ckpt_out:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=str(Path(ckpt_out).parent),
+                filename="mcp-{step}",
+                every_n_train_steps=case["stop_at"],
+                save_top_k=-1,
+            )
+        )
+    trainer = pl.Trainer(
+        max_epochs=case.get("epochs", 2),
+        accelerator="cpu",
+        devices=case.get("devices", 1),
+        strategy=case.get("strategy", "auto"),
+        limit_train_batches=case.get("limit", 1.0),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    model = Recorder(case, ckpt=ckpt_out, log=log)
+    data = Data(case)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_in)
+    return model, data, trainer
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    run(case, ckpt_out=case.get("ckpt_out"), ckpt_in=case.get("ckpt_in"), log=case["log"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Trainer-level exact resume: the indices every training step saw, interrupted + resumed vs uninterrupted."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from resume_harness import Data, run
+from torch.utils.data import DataLoader
+
+from lightning_loadguard.datamodule import STATE_KEY
+from lightning_loadguard.position import PositionMismatchError
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _resume(case: dict[str, Any], tmp_path: Path, stop_kind: str, stop_at: int) -> tuple[list[int], list[int]]:
+    """(uninterrupted run's indices, interrupted run's + resumed run's indices)."""
+    full, _, _ = run(case)
+    ckpt = str(tmp_path / "stop.ckpt")
+    before, _, _ = run(dict(case, stop_kind=stop_kind, stop_at=stop_at), ckpt_out=ckpt)
+    if stop_kind == "mcp":
+        ckpt = str(tmp_path / f"mcp-step={stop_at}.ckpt")
+    after, _, _ = run(case, ckpt_in=ckpt)
+    return full.seen, before.seen + after.seen
+
+
+# n=20, batch 4: 5 batches an epoch, 2 epochs. Stops: before any step, mid epoch 0, on epoch 0's last batch,
+# at epoch 0's end, mid epoch 1.
+STOPS = [("start", 0), ("step", 2), ("step", 5), ("epoch_end", 0), ("step", 8)]
+
+
+@pytest.mark.parametrize("stop_kind,stop_at", STOPS, ids=[f"{k}{v}" for k, v in STOPS])
+@pytest.mark.parametrize(
+    "sampler,shuffle",
+    [("default", True), ("default", False), ("custom", True), ("distributed", True), ("batch_sampler", True)],
+)
+def test_resume_is_exact(sampler: str, shuffle: bool, stop_kind: str, stop_at: int, tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7, "sampler": sampler, "shuffle": shuffle}
+    full, resumed = _resume(case, tmp_path, stop_kind, stop_at)
+    assert resumed == full
+    assert sorted(full[:20]) == sorted(full[20:]) == list(range(20))
+    if shuffle:
+        assert full[:20] != full[20:], "each epoch must have its own order"
+
+
+def test_the_comparison_catches_a_plain_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without the mixin's loader the same comparison fails: the check above is not vacuous.
+    monkeypatch.setattr(Data, "_loadguard_adapt", lambda self, loader: loader)
+    case = {"n": 40, "batch_size": 4, "epochs": 2, "seed": 7}
+    full, resumed = _resume(case, tmp_path, "step", 13)
+    assert resumed != full
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_with_workers(persistent: bool, tmp_path: Path) -> None:
+    case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 1, "workers": 2, "persistent": persistent}
+    full, resumed = _resume(case, tmp_path, "step", 8)
+    assert resumed == full
+
+
+@pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 0)])
+def test_resume_with_another_num_workers(workers_before: int, workers_after: int, tmp_path: Path) -> None:
+    case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 1}
+    full, _, _ = run(case)
+    ckpt = str(tmp_path / "w.ckpt")
+    before, _, _ = run(dict(case, workers=workers_before, stop_kind="step", stop_at=4), ckpt_out=ckpt)
+    after, _, _ = run(dict(case, workers=workers_after), ckpt_in=ckpt)
+    assert before.seen + after.seen == full.seen
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("stop_at", [3, 10, 12])
+def test_odd_dataset_sizes(drop_last: bool, stop_at: int, tmp_path: Path) -> None:
+    # 37 samples, batch 4: 10 batches (last holds 1) or 9 with drop_last.
+    case = {"n": 37, "batch_size": 4, "epochs": 2, "seed": 2, "drop_last": drop_last}
+    full, resumed = _resume(case, tmp_path, "step", stop_at)
+    assert resumed == full
+    per_epoch = 36 if drop_last else 37
+    assert len(full) == 2 * per_epoch
+
+
+def test_model_checkpoint_every_n_train_steps(tmp_path: Path) -> None:
+    case = {"n": 28, "batch_size": 4, "epochs": 2, "seed": 4}
+    full, resumed = _resume(case, tmp_path, "mcp", 9)
+    assert resumed == full
+
+
+def test_resume_twice_in_a_row(tmp_path: Path) -> None:
+    case = {"n": 28, "batch_size": 4, "epochs": 3, "seed": 4}
+    full, _, _ = run(case)
+    first, second = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
+    a, _, _ = run(dict(case, stop_kind="step", stop_at=3), ckpt_out=first)
+    b, _, _ = run(dict(case, stop_kind="step", stop_at=10), ckpt_out=second, ckpt_in=first)
+    c, _, _ = run(case, ckpt_in=second)
+    assert a.seen + b.seen + c.seen == full.seen
+
+
+def test_estimated_stepping_batches_in_configure_optimizers(tmp_path: Path) -> None:
+    case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 3, "read_stepping": True}
+    full, resumed = _resume(case, tmp_path, "step", 8)
+    assert resumed == full
+
+
+def test_limit_train_batches(tmp_path: Path) -> None:
+    case = {"n": 40, "batch_size": 4, "epochs": 3, "seed": 3, "limit": 6}
+    for stop_at in (3, 6, 8):
+        full, resumed = _resume(case, tmp_path, "step", stop_at)
+        assert resumed == full
+        assert len(full) == 3 * 6 * 4
+
+
+def test_seed_is_drawn_once_and_stored(tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2}
+    ckpt = str(tmp_path / "s.ckpt")
+    before, _, _ = run(dict(case, stop_kind="step", stop_at=7), ckpt_out=ckpt)
+    stored = torch.load(ckpt, weights_only=False)["Data"][STATE_KEY]
+    assert (stored["epoch"], stored["batches_consumed"], stored["samples_consumed"]) == (1, 2, 8)
+    assert (stored["dataset_len"], stored["batch_size"], stored["world_size"]) == (20, 4, 1)
+    after, _, _ = run(case, ckpt_in=ckpt)
+    full, _, _ = run(dict(case, seed=stored["seed"]))
+    assert before.seen + after.seen == full.seen
+
+
+def test_stateful_iterable_resumes_at_the_consumer(tmp_path: Path) -> None:
+    # Unsized: Lightning fetches one batch ahead, which must not count as consumed.
+    case = {"n": 22, "batch_size": 4, "epochs": 2, "sampler": "stateful_iterable"}
+    for stop_kind, stop_at in (("step", 3), ("step", 8), ("epoch_end", 0)):
+        full, resumed = _resume(case, tmp_path, stop_kind, stop_at)
+        assert resumed == full
+
+
+def test_plain_iterable_warns_once(tmp_path: Path) -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 2, "sampler": "plain_iterable"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(case)
+    msgs = [str(w.message) for w in caught if "exact resume is impossible" in str(w.message)]
+    assert len(msgs) == 1
+    assert "state_dict()" in msgs[0]
+
+
+def test_iterable_with_workers_is_refused() -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": "stateful_iterable", "workers": 2}
+    with pytest.raises(ValueError, match="num_workers=2"):
+        run(case)
+
+
+def _without_position(src: str, dst: str, **changes: Any) -> None:
+    ckpt = torch.load(src, weights_only=False)
+    if changes:
+        ckpt["Data"][STATE_KEY].update(changes)
+    else:
+        del ckpt["Data"][STATE_KEY]
+        if not ckpt["Data"]:
+            del ckpt["Data"]
+    torch.save(ckpt, dst)
+
+
+def test_checkpoint_without_position_restarts_the_epoch_with_a_warning(tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 9}
+    full, _, _ = run(case)
+    ckpt, old = str(tmp_path / "p.ckpt"), str(tmp_path / "old.ckpt")
+    run(dict(case, stop_kind="step", stop_at=7), ckpt_out=ckpt)
+    _without_position(ckpt, old)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        after, _, _ = run(case, ckpt_in=old)
+    assert any("holds no train-loader position" in str(w.message) for w in caught)
+    # Epoch 1 starts again from its first batch; the trainer still stops after its remaining 3 batches.
+    assert after.seen == full.seen[20 : 20 + 12]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [({"dataset_len": 21}, r"dataset length changed.*21 samples.*now has 20"), ({"version": 99}, r"version 99")],
+)
+def test_bad_position_is_refused(change: dict[str, int], message: str, tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 9}
+    ckpt, bad = str(tmp_path / "p.ckpt"), str(tmp_path / "bad.ckpt")
+    run(dict(case, stop_kind="step", stop_at=3), ckpt_out=ckpt)
+    _without_position(ckpt, bad, **change)
+    with pytest.raises(PositionMismatchError, match=message):
+        run(case, ckpt_in=bad)
+
+
+def test_changed_batch_size_is_refused(tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 9}
+    ckpt = str(tmp_path / "p.ckpt")
+    run(dict(case, stop_kind="step", stop_at=3), ckpt_out=ckpt)
+    with pytest.raises(PositionMismatchError, match=r"batch_size changed.*batches of 4.*batches of 5"):
+        run(dict(case, batch_size=5), ckpt_in=ckpt)
+
+
+def test_outside_a_trainer_the_loader_is_untouched() -> None:
+    data = Data({"n": 8, "batch_size": 2})
+    assert type(data.train_dataloader()) is DataLoader
+    assert data.state_dict() == {}
