@@ -8,7 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from loader_fixtures import Alternating, StatefulStream
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from lightning_loadguard.position import (
     ConsumerCursor,
@@ -217,23 +218,8 @@ def test_reshard_refuses_a_custom_batch_sampler_position() -> None:
         reshard_position(pos, 2)
 
 
-class _Pairs(BatchSampler):
-    """Variable-size batches: a custom batch sampler."""
-
-    def __iter__(self):
-        idx = list(self.sampler)
-        i, size = 0, 1
-        while i < len(idx):
-            yield idx[i : i + size]
-            i += size
-            size = 3 - size
-
-    def __len__(self) -> int:
-        return -(-len(self.sampler) * 2 // 3)
-
-
 def test_planned_batch_sampler_skips_consumed_batches() -> None:
-    s = PlannedBatchSampler(_Pairs(RandomSampler(range(11)), 2, False), seed=2)
+    s = PlannedBatchSampler(Alternating(RandomSampler(range(11)), 2, False), seed=2)
     s.set_epoch(1)
     full = list(s)
     assert sorted(i for bt in full for i in bt) == list(range(11))
@@ -288,7 +274,7 @@ def test_make_resumable_refuses_what_it_cannot_make_exact() -> None:
     with pytest.raises(TypeError, match="without state_dict"):
         make_resumable(DataLoader(Plain()), seed=0)
     with pytest.raises(ValueError, match=r"custom batch sampler.*world_size=2"):
-        make_resumable(DataLoader(list(range(8)), batch_sampler=_Pairs(range(8), 2, False)), seed=0, world_size=2)
+        make_resumable(DataLoader(list(range(8)), batch_sampler=Alternating(range(8), 2, False)), seed=0, world_size=2)
 
     class Sub(DataLoader):
         pass
@@ -297,41 +283,26 @@ def test_make_resumable_refuses_what_it_cannot_make_exact() -> None:
         make_resumable(Sub(list(range(4))), seed=0)
 
 
-class _CountingStream(IterableDataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pos = 0
-
-    def __iter__(self):
-        while self.pos < self.n:
-            self.pos += 1
-            yield self.pos - 1
-        self.pos = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.pos = state["pos"]
-
-
 def test_stateful_tap_state_follows_the_consumer_not_the_producer() -> None:
-    tap = StatefulIterableTap(_CountingStream(10), batch_size=3)
+    stream = StatefulStream(10)
+    order = [i for i, _ in StatefulStream(10)]
+    tap = StatefulIterableTap(stream, batch_size=3)
     it = iter(tap)
     for _ in range(8):  # the producer is two samples into batch 3
         next(it)
-    assert tap.state_at(2) == {"pos": 6}
-    fresh = _CountingStream(10)
-    tap2 = StatefulIterableTap(fresh, batch_size=3)
-    tap2.resume(tap.state_at(2))
-    assert list(tap2) == [6, 7, 8, 9]
+    assert tap.state_at(2) == {"pos": 6, "epoch": 0}
+    tap2 = StatefulIterableTap(StatefulStream(10), batch_size=3)
+    tap2.resume(tap.state_at(2), batches_consumed=2)
+    assert [i for i, _ in tap2] == order[6:]
+    assert tap2.state_at(3) == {"pos": 9, "epoch": 0}
+    assert tap2.final_state == {"pos": 0, "epoch": 1}
     with pytest.raises(PositionMismatchError, match="after 9 batches"):
         tap.state_at(9)
 
 
 def test_stateful_tap_refuses_workers() -> None:
     with pytest.raises(ValueError, match="num_workers=2"):
-        make_resumable(DataLoader(_CountingStream(4), batch_size=2, num_workers=2), seed=0)
+        make_resumable(DataLoader(StatefulStream(4), batch_size=2, num_workers=2), seed=0)
 
 
 def test_cursor_state_round_trip_and_version() -> None:

@@ -1,0 +1,74 @@
+"""Small loader fixtures with known orders, free of Lightning: shared by the core and the Trainer tests."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, Sampler
+
+
+class PyShuffle(Sampler[int]):
+    """A custom sampler drawing from Python's ``random``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        idx = list(range(self.n))
+        random.shuffle(idx)
+        return iter(idx)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Alternating(BatchSampler):
+    """A custom batch sampler making batches of 1 and 3 samples in turn."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = list(self.sampler)
+        i, size = 0, 1
+        while i < len(idx):
+            yield idx[i : i + size]
+            i += size
+            size = 4 - size
+
+    def __len__(self) -> int:
+        n, count, size = len(self.sampler), 0, 1
+        while n > 0:
+            n -= size
+            count += 1
+            size = 4 - size
+        return count
+
+
+class Stream(IterableDataset):
+    """A stateful stream of indices in an epoch-dependent order."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pos = 0
+        self.epoch = 0
+
+    def _order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        order = self._order()
+        while self.pos < self.n:
+            i = order[self.pos]
+            self.pos += 1
+            yield i, torch.tensor([float(i)])
+        self.pos = 0
+        self.epoch += 1
+
+
+class StatefulStream(Stream):
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos, self.epoch = state["pos"], state["epoch"]
