@@ -199,3 +199,51 @@ def test_outside_a_trainer_the_loader_is_untouched() -> None:
     data = Data({"n": 8, "batch_size": 2})
     assert type(data.train_dataloader()) is DataLoader
     assert data.state_dict() == {}
+
+
+def test_works_with_the_pytorch_lightning_package(tmp_path: Path) -> None:
+    ptl = pytest.importorskip("pytorch_lightning")
+    from loader_fixtures import PyShuffle
+    from resume_harness import Indexed
+
+    from lightning_loadguard.datamodule import ResumableLoaderMixin
+
+    class PtlData(ResumableLoaderMixin, ptl.LightningDataModule):
+        loader_seed = 3
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(Indexed(12), batch_size=3, sampler=PyShuffle(12))
+
+    class PtlModel(ptl.LightningModule):
+        def __init__(self, stop: str | None = None) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[int] = []
+            self.stop = stop
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.seen.extend(int(i) for i in batch[0])
+            return self.layer(batch[1]).sum()
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if self.stop and self.global_step == 6:
+                self.trainer.save_checkpoint(self.stop)
+                self.trainer.should_stop = True
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(stop: str | None = None, ckpt: str | None = None) -> list[int]:
+        trainer = ptl.Trainer(
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        model = PtlModel(stop)
+        trainer.fit(model, datamodule=PtlData(), ckpt_path=ckpt)
+        return model.seen
+
+    path = str(tmp_path / "ptl.ckpt")
+    assert fit(stop=path) + fit(ckpt=path) == fit()
