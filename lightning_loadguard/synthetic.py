@@ -23,13 +23,17 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_loadguard._lightning import pl
 
 
+_SLEEP_OVERSHOOT_S = 0.0003
+
+
 def _busy(seconds: float, spin: bool) -> None:
+    """Take ``seconds``: asleep (like I/O) or burning CPU (like a transform), to within microseconds."""
     if seconds <= 0:
         return
-    if not spin:
-        time.sleep(seconds)
-        return
     end = time.perf_counter() + seconds
+    if not spin and seconds > _SLEEP_OVERSHOOT_S:
+        # Sleeping overshoots by a fraction of a millisecond; sleep short and spin the rest exactly.
+        time.sleep(seconds - _SLEEP_OVERSHOOT_S)
     while time.perf_counter() < end:
         pass
 
@@ -154,3 +158,139 @@ def timed_loader(
         shuffle=shuffle,
         **kwargs,
     )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A pipeline with known timings and the figures LoadGuard must report for it.
+
+    The truth comes from the timings alone: each batch's production time is the sum of its samples' known
+    costs (no shuffling, so batch ``j`` holds samples ``j*B .. j*B+B-1``), and the wait is what the
+    bounded-buffer model gives when those times are replayed against the known step time.
+
+    Example:
+        >>> s = Scenario("producer_bound", num_workers=2, sample_s=0.015, step_s=0.012)
+        >>> round(s.expected_capacity(), 2), round(s.expected_wait_fraction(), 2)
+        (33.33, 0.6)
+    """
+
+    name: str
+    num_workers: int
+    sample_s: float
+    step_s: float
+    batch_size: int = 4
+    batches_per_epoch: int = 28
+    burst_every: int = 0
+    burst_s: float = 0.0
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    window: int = 21
+
+    def dataset(self) -> TimedDataset:
+        return TimedDataset(
+            self.batch_size * self.batches_per_epoch,
+            sample_s=self.sample_s,
+            burst_every=self.burst_every,
+            burst_s=self.burst_s,
+        )
+
+    def loader(self) -> DataLoader:
+        return timed_loader(
+            self.dataset(),
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor if self.num_workers else None,
+            persistent_workers=self.persistent_workers,
+        )
+
+    def batch_costs(self) -> list[float]:
+        timing = self.dataset().timing
+        size = self.batch_size
+        return [sum(timing.cost(j * size + k) for k in range(size)) for j in range(self.batches_per_epoch)]
+
+    def expected_capacity(self) -> float:
+        """Batches per second all producers sustain: workers / mean batch production time."""
+        costs = self.batch_costs()
+        return max(1, self.num_workers) * len(costs) / sum(costs)
+
+    def expected_wait_fraction(self, receive_s: float = 0.0) -> float:
+        """Wait fraction over the last ``window`` steps of an epoch, from the bounded-buffer model.
+
+        Args:
+            receive_s: the main process's cost of taking a batch that is already made from a worker
+                (unpickling, attaching shared memory; see :func:`receive_cost_s`). It is part of every
+                fetch, so it counts as wait, and it keeps the consumer busy between steps.
+        """
+        from lightning_loadguard.model.buffer import simulate_buffer
+
+        receive_s = receive_s if self.num_workers else 0.0
+        run = simulate_buffer(
+            self.batch_costs(),
+            [self.step_s + receive_s],
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            steps=self.batches_per_epoch,
+            record_levels=False,
+        )
+        waits = [wait + receive_s for wait in run.waits[-self.window :]]
+        return sum(waits) / (sum(waits) + self.step_s * len(waits))
+
+
+def receive_cost_s(num_workers: int, batch_size: int = 4, features: int = 16, fetches: int = 30) -> float:
+    """Median time the main process takes to get a batch that a worker has already made.
+
+    Measured on this machine, now, with free samples and a consumer slow enough that every batch is
+    waiting: what is left is torch's per-batch transfer between processes.
+    """
+    if num_workers == 0:
+        return 0.0
+    loader = timed_loader(TimedDataset(batch_size * (fetches + 4), features=features), batch_size, num_workers)
+    times = []
+    iterator = iter(loader)
+    next(iterator)
+    for _ in range(fetches):
+        time.sleep(0.015)
+        start = time.perf_counter()
+        next(iterator)
+        times.append(time.perf_counter() - start)
+    del iterator
+    return sorted(times)[len(times) // 2]
+
+
+def standard_scenarios(num_workers: int, persistent_workers: bool = False) -> list[Scenario]:
+    """Producer-bound, consumer-bound and bursty pipelines, scaled so the regime holds for any worker count."""
+    scale = max(1, num_workers)
+    common = {"num_workers": num_workers, "persistent_workers": persistent_workers and num_workers > 0}
+    return [
+        Scenario("producer_bound", sample_s=0.0075 * scale, step_s=0.012, **common),
+        Scenario("consumer_bound", sample_s=0.002 * scale, step_s=0.020, **common),
+        # One slow batch in seven: a period prime to the worker counts, so the bursts rotate over the
+        # workers as they do in a shuffled pipeline, and every 21-step window holds exactly three.
+        Scenario("bursty", sample_s=0.001, burst_every=28, burst_s=0.100, step_s=0.020, **common),
+    ]
+
+
+def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tuple[Any, TimedModule]:
+    """Train on the scenario's pipeline with a :class:`~lightning_loadguard.LoadGuard` attached.
+
+    Returns the callback (its ``metrics`` hold the figures over the last ``scenario.window`` steps) and the
+    module (its ``seen`` holds the sample order).
+    """
+    from lightning_loadguard.callback import LoadGuard
+
+    guard_kwargs.setdefault("window", scenario.window)
+    guard_kwargs.setdefault("print_summary", False)
+    guard = LoadGuard(**guard_kwargs)
+    module = TimedModule(step_s=scenario.step_s, features=scenario.dataset().features)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=[guard],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(module, scenario.loader())
+    return guard, module

@@ -5,8 +5,9 @@ writes the duration into a row of a shared-memory tensor that the main process r
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
 never waits. With ``num_workers=0`` the same meter times the in-process fetch.
 
-Row layout (float64): ``[batches_made, busy_seconds, ring[0..RING-1]]``: a single writer per row, and the
-reader only looks at the ring entries the counter says were written.
+Row layout (float64): ``[batches_made, busy_seconds, durations[0..RING-1], finish_times[0..RING-1]]``: a
+single writer per row; the reader only looks at the ring entries the counter says were written, and merges
+the rows in finishing order (``perf_counter`` is the system-wide monotonic clock on Linux).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ProducerCounters:
 
     def __init__(self, num_workers: int) -> None:
         self.rows = max(1, num_workers)
-        self.tensor = torch.zeros(self.rows, _HEADER + _RING, dtype=torch.float64)
+        self.tensor = torch.zeros(self.rows, _HEADER + 2 * _RING, dtype=torch.float64)
         if num_workers > 0:
             self.tensor.share_memory_()
 
@@ -48,10 +49,12 @@ class ProducerCounters:
             view = self.__dict__["_array"] = self.tensor.numpy()
         return view
 
-    def record(self, row: int, seconds: float) -> None:
+    def record(self, row: int, seconds: float, finished: float | None = None) -> None:
         data = self.array[row]
         count = int(data[0])
-        data[_HEADER + count % _RING] = seconds
+        slot = _HEADER + count % _RING
+        data[slot] = seconds
+        data[slot + _RING] = time.perf_counter() if finished is None else finished
         data[1] += seconds
         # The count goes last: a reader never sees a slot before its duration is written.
         data[0] = count + 1
@@ -153,6 +156,7 @@ class ProducerMeter:
         if counters is None:
             return
         table = counters.array
+        fresh: list[tuple[float, float]] = []
         for row in range(counters.rows):
             count = int(table[row, 0])
             busy = float(table[row, 1])
@@ -163,9 +167,12 @@ class ProducerMeter:
                 continue
             first = max(self._seen[row], count - _RING)
             slots = [_HEADER + i % _RING for i in range(first, count)]
-            self._durations.extend(table[row, slots].tolist())
+            ends = [slot + _RING for slot in slots]
+            fresh.extend(zip(table[row, ends].tolist(), table[row, slots].tolist(), strict=True))
             self.total_batches += new
             self._seen[row] = count
+        fresh.sort()
+        self._durations.extend(duration for _, duration in fresh)
 
     def durations(self) -> tuple[float, ...]:
         return tuple(self._durations)

@@ -28,18 +28,8 @@ FIELDS: tuple[str, ...] = (
 )
 """The per-rank vector that every rank contributes at a logging step (NaN: not measured)."""
 
-# Figures that describe the worst rank's loop; logged from that one rank so that they add up.
-_WORST_RANK_FIELDS = (
-    "wait_fraction",
-    "data_wait_ms",
-    "step_ms",
-    "throughput",
-    "consumer_rate",
-    "producer_rate",
-    "ready_fraction",
-    "epoch_start_ms",
-    "transfer_ms",
-)
+# The first nine describe the worst rank's loop; they are logged from that one rank so that they add up.
+_WORST_RANK_FIELDS = FIELDS[: FIELDS.index("transfer_ms") + 1]
 
 
 @dataclass(frozen=True)

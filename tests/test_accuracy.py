@@ -1,0 +1,37 @@
+"""LoadGuard's figures against ground truth: pipelines whose production and step times are known."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_loadguard.synthetic import Scenario, fit_scenario, receive_cost_s, standard_scenarios
+
+WAIT_TOLERANCE = 0.03  # absolute
+CAPACITY_TOLERANCE = 0.10  # relative
+
+_CASES = [
+    pytest.param(scenario, id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}")
+    for workers in (0, 1, 2, 4)
+    for persistent in ((False, True) if workers else (False,))
+    for scenario in standard_scenarios(workers, persistent)
+]
+
+
+@pytest.mark.parametrize("scenario", _CASES)
+def test_wait_fraction_and_capacity_match_the_truth(scenario: Scenario) -> None:
+    # Taking a made batch from a worker costs the main process about a millisecond (torch's queue and
+    # shared-memory handover): part of the real wait, so measured on the spot and added to the truth.
+    truth_wait = scenario.expected_wait_fraction(receive_s=receive_cost_s(scenario.num_workers))
+    guard, _ = fit_scenario(scenario)
+    metrics = guard.metrics
+    assert metrics["loadguard/wait_fraction"] == pytest.approx(truth_wait, abs=WAIT_TOLERANCE)
+    assert metrics["loadguard/producer_rate"] == pytest.approx(scenario.expected_capacity(), rel=CAPACITY_TOLERANCE)
+    assert metrics["loadguard/step_ms"] == pytest.approx(scenario.step_s * 1e3, rel=0.10)
+    # The loop's rate can never beat the slower of its two sides.
+    assert metrics["loadguard/throughput"] <= min(metrics["loadguard/consumer_rate"], scenario.expected_capacity()) * 1.1
+    if scenario.num_workers:
+        assert metrics["loadguard/epoch_start_ms"] >= 0
+        if scenario.name == "consumer_bound":
+            assert metrics["loadguard/ready_fraction"] > 0.9
+    else:
+        assert metrics["loadguard/ready_fraction"] == 0.0
