@@ -6,7 +6,7 @@ import math
 import time
 import traceback
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
@@ -21,6 +21,9 @@ from lightning_loadguard.meters.producer import ProducerMeter
 from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
 from lightning_loadguard.report import format_summary
+
+if TYPE_CHECKING:
+    from lightning_loadguard.tuning.session import TuneDecision, TuneOptions, TuningSession
 
 _NAN = float("nan")
 
@@ -59,7 +62,13 @@ class LoadGuard(_pl.Callback):
         0.62
     """
 
-    def __init__(self, window: int = 100, log_every_n_steps: int | None = None, print_summary: bool = True) -> None:
+    def __init__(
+        self,
+        window: int = 100,
+        log_every_n_steps: int | None = None,
+        print_summary: bool = True,
+        auto_tune: bool | TuneOptions = False,
+    ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 2:
             raise ValueError(f"`window` must be an integer >= 2 (steps in the rolling window), got {window!r}.")
         if log_every_n_steps is not None and (
@@ -71,6 +80,12 @@ class LoadGuard(_pl.Callback):
             )
         if not isinstance(print_summary, bool):
             raise ValueError(f"`print_summary` must be True or False, got {print_summary!r}.")
+        if auto_tune is not False:
+            # Imported only when asked for: a plain LoadGuard never loads the tuner.
+            from lightning_loadguard.tuning.session import TuneOptions, TuningSession
+
+            if not isinstance(auto_tune, (bool, TuneOptions)):
+                raise ValueError(f"`auto_tune` must be True, False or a TuneOptions, got {auto_tune!r}.")
         self.window = window
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
@@ -89,6 +104,11 @@ class LoadGuard(_pl.Callback):
         self._host_key = float(host_key())
         self._processes_on_host = 1
         self._hooked = False
+        self._trainer: Any = None
+        self.auto_tune = auto_tune
+        self._tuner: TuningSession | None = None
+        if auto_tune is not False:
+            self._tuner = TuningSession(TuneOptions() if auto_tune is True else auto_tune, self)
         self.metrics: dict[str, float] = {}
         """The figures of the latest logging step, by metric name."""
         self.snapshot: WindowSnapshot | None = None
@@ -135,7 +155,15 @@ class LoadGuard(_pl.Callback):
     # -- loaders ---------------------------------------------------------------------------------------
 
     def _on_loaders_ready(self, loaders: list[Any]) -> None:
+        if self._tuner is not None and self._trainer is not None:
+            # A decision restored from a checkpoint applies before the first iterator starts its workers.
+            self._guarded("auto-tuning", self._tuner.on_loaders_ready, self._trainer, loaders)
         self._guarded("instrumenting the train loader", self._instrument, loaders)
+
+    def _loader_changed(self, loader: Any) -> None:
+        """The loader's settings were changed in place: start the windows afresh for the new settings."""
+        self._settings = _settings_of(loader)
+        self._consumer.clear()
 
     def _instrument(self, loaders: list[Any]) -> None:
         if len(loaders) == 1 and loaders[0] is self._loader:
@@ -170,6 +198,7 @@ class LoadGuard(_pl.Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        self._trainer = trainer
         _pl.install_profiler(
             trainer,
             lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop, self._on_transfer),
@@ -212,6 +241,8 @@ class LoadGuard(_pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._should_log(trainer):
             self._publish(trainer)
+        if self._tuner is not None:
+            self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._consumer.close_step(time.perf_counter())
@@ -226,9 +257,22 @@ class LoadGuard(_pl.Callback):
             if summary:
                 rank_zero_info(summary)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"tuner": self._tuner.state_dict()} if self._tuner is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self._tuner is not None and "tuner" in state_dict:
+            self._tuner.load_state_dict(state_dict["tuner"])
+
+    @property
+    def decision(self) -> TuneDecision | None:
+        """The auto-tuner's outcome (``None`` without ``auto_tune`` or before it decided)."""
+        return self._tuner.decision if self._tuner is not None else None
+
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        self._trainer = None
         _pl.uninstall_profiler(trainer)
         _pl.unhook_loaders_ready(trainer)
         self._release_loader()

@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 
-
 _SLEEP_OVERSHOOT_S = 0.0003
 
 
