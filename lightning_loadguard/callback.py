@@ -20,6 +20,8 @@ from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, res
 from lightning_loadguard.meters.producer import ProducerMeter
 from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.model.diagnosis import diagnose
+from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.report import format_summary
 
 if TYPE_CHECKING:
@@ -113,6 +115,11 @@ class LoadGuard(_pl.Callback):
         """The figures of the latest logging step, by metric name."""
         self.snapshot: WindowSnapshot | None = None
         """This rank's latest window of measurements (with the ranks' combined figures filled in)."""
+        self.diagnosis: Diagnosis | None = None
+        """The current diagnosis: ``diagnosis.verdict`` names the dominant constraint, with all findings."""
+        self._history: deque[WindowSnapshot] = deque(maxlen=4)
+        self._history_steps = 0
+        self._spoken_key: tuple[object, ...] | None = None
 
     # -- plumbing --------------------------------------------------------------------------------------
 
@@ -246,6 +253,11 @@ class LoadGuard(_pl.Callback):
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._consumer.close_step(time.perf_counter())
+        if trainer.current_epoch == 0:
+            # The first epoch's verdict, once, while there is still time to act on it.
+            self._publish(trainer, log=False)
+            if self.print_summary and trainer.global_rank == 0 and self.diagnosis is not None:
+                rank_zero_info(f"LoadGuard after the first epoch:\n{self.diagnosis.to_text()}")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # The closing figures, on every rank (the ranks' figures are combined collectively).
@@ -363,19 +375,47 @@ class LoadGuard(_pl.Callback):
                     ),
                 }
             )
+        if self.snapshot is not None and self.snapshot.steps:
+            self._guarded("diagnosing", self._diagnose, trainer)
         if not log:
             return
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
         step = _pl.log_step(trainer)
         for logger in trainer.loggers:
             self._guarded(f"logging to {type(logger).__name__}", logger.log_metrics, metrics, step)
+        if self.diagnosis is not None and self.diagnosis.key() != self._spoken_key:
+            self._spoken_key = self.diagnosis.key()
+            self._guarded("logging the diagnosis", self._log_diagnosis, trainer, step)
+
+    def _diagnose(self, trainer: Any) -> None:
+        snapshot = self.snapshot
+        assert snapshot is not None
+        batches = trainer.num_training_batches
+        steps_per_epoch = int(batches) if isinstance(batches, int) or batches != float("inf") else None
+        self.diagnosis = diagnose(snapshot, tuple(self._history), steps_per_epoch=steps_per_epoch)
+        # Earlier windows feed the sustained rates; only whole, non-overlapping ones, so no step counts twice.
+        if self._consumer.total_steps - self._history_steps >= self.window:
+            self._history.append(snapshot)
+            self._history_steps = self._consumer.total_steps
+
+    def _log_diagnosis(self, trainer: Any, step: int) -> None:
+        assert self.diagnosis is not None
+        text = self.diagnosis.to_text()
+        if trainer.global_rank == 0 and self.diagnosis.draining is not None:
+            rank_zero_info(f"LoadGuard: {self.diagnosis.draining.summary()}")
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if type(logger).__name__ == "TensorBoardLogger" and hasattr(experiment, "add_text"):
+                experiment.add_text("loadguard/diagnosis", text, global_step=step)
+            elif hasattr(logger, "log_text"):
+                logger.log_text(key="loadguard/diagnosis", columns=["diagnosis"], data=[[text]], step=step)
 
     # -- reporting -------------------------------------------------------------------------------------
 
     def summary(self) -> str:
         """A readable table of what was measured: the latest window and the whole run."""
         consumer = self._consumer
-        return format_summary(
+        text = format_summary(
             metrics=self.metrics,
             settings=self._settings,
             total_steps=consumer.total_steps,
@@ -386,3 +426,6 @@ class LoadGuard(_pl.Callback):
             epoch_start_s=tuple(self._epoch_start_s),
             notes=sorted(m for m in self._said if not m.startswith("disabled:")),
         )
+        if self.diagnosis is not None:
+            text += "\n\n" + self.diagnosis.to_text()
+        return text

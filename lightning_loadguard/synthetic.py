@@ -118,10 +118,18 @@ class TimedModule(pl.LightningModule):
         self.layer = torch.nn.Linear(features, 1)
         self.record = record
         self.seen: list[int] = []
+        self.gaps: list[float] = []
+        """Per step after an epoch's first: from the end of the previous step to this batch's arrival."""
         self._received_at = 0.0
+        self._ended_at: float | None = None
+
+    def on_train_epoch_start(self) -> None:
+        self._ended_at = None
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         self._received_at = time.perf_counter()
+        if self._ended_at is not None:
+            self.gaps.append(self._received_at - self._ended_at)
         return batch
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -132,6 +140,7 @@ class TimedModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         _busy(self._received_at + self.step_s - time.perf_counter(), self.spin)
+        self._ended_at = time.perf_counter()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -212,14 +221,8 @@ class Scenario:
         costs = self.batch_costs()
         return max(1, self.num_workers) * len(costs) / sum(costs)
 
-    def expected_wait_fraction(self, receive_s: float = 0.0) -> float:
-        """Wait fraction over the last ``window`` steps of an epoch, from the bounded-buffer model.
-
-        Args:
-            receive_s: the main process's cost of taking a batch that is already made from a worker
-                (unpickling, attaching shared memory; see :func:`receive_cost_s`). It is part of every
-                fetch, so it counts as wait, and it keeps the consumer busy between steps.
-        """
+    def simulated_waits(self, receive_s: float = 0.0) -> tuple[float, ...]:
+        """Per step of an epoch, the wait for the batch to be made (the receive cost excluded)."""
         from lightning_loadguard.model.buffer import simulate_buffer
 
         receive_s = receive_s if self.num_workers else 0.0
@@ -231,29 +234,33 @@ class Scenario:
             steps=self.batches_per_epoch,
             record_levels=False,
         )
-        waits = [wait + receive_s for wait in run.waits[-self.window :]]
+        return run.waits
+
+    def observed_receive_s(self, module: TimedModule) -> float:
+        """The cost of taking an already-made batch from a worker, as the module's own clock saw it.
+
+        It is the median gap between the end of a step and the next batch's arrival, over the last
+        ``window`` steps on which the model says the batch was already made. ``0`` without workers (the
+        batch is made in the fetch) or when every step waited (then the gap is all production).
+        """
+        if not self.num_workers:
+            return 0.0
+        waits = self.simulated_waits()[-self.window :]
+        gaps = module.gaps[-self.window :]
+        ready = sorted(gap for gap, wait in zip(gaps, waits, strict=False) if wait <= 1e-9)
+        return ready[len(ready) // 2] if ready else 0.0
+
+    def expected_wait_fraction(self, receive_s: float = 0.0) -> float:
+        """Wait fraction over the last ``window`` steps of an epoch, from the bounded-buffer model.
+
+        Args:
+            receive_s: the main process's cost of taking a batch that is already made from a worker
+                (unpickling, attaching shared memory; see :meth:`observed_receive_s`). It is part of every
+                fetch, so it counts as wait, and it keeps the consumer busy between steps.
+        """
+        receive_s = receive_s if self.num_workers else 0.0
+        waits = [wait + receive_s for wait in self.simulated_waits(receive_s)[-self.window :]]
         return sum(waits) / (sum(waits) + self.step_s * len(waits))
-
-
-def receive_cost_s(num_workers: int, batch_size: int = 4, features: int = 16, fetches: int = 30) -> float:
-    """Median time the main process takes to get a batch that a worker has already made.
-
-    Measured on this machine, now, with free samples and a consumer slow enough that every batch is
-    waiting: what is left is torch's per-batch transfer between processes.
-    """
-    if num_workers == 0:
-        return 0.0
-    loader = timed_loader(TimedDataset(batch_size * (fetches + 4), features=features), batch_size, num_workers)
-    times = []
-    iterator = iter(loader)
-    next(iterator)
-    for _ in range(fetches):
-        time.sleep(0.015)
-        start = time.perf_counter()
-        next(iterator)
-        times.append(time.perf_counter() - start)
-    del iterator
-    return sorted(times)[len(times) // 2]
 
 
 def standard_scenarios(num_workers: int, persistent_workers: bool = False) -> list[Scenario]:

@@ -8,6 +8,7 @@ iterator is created, and peeks at the iterator's buffer on each fetch. ``restore
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -59,13 +60,16 @@ class LoaderProbe:
         return iterator
 
     def _observe(self, iterator: Any, in_process: bool) -> None:
-        original = iterator._next_data
+        # Held weakly: a cycle through the iterator's own attribute would delay its shutdown (and its
+        # workers' exit) to an arbitrary garbage collection, possibly inside a forked child process.
+        next_data_of = type(iterator)._next_data
+        owner = weakref.ref(iterator)
         on_fetch = self.on_fetch
 
         if in_process:
 
             def next_data() -> Any:
-                batch = original()
+                batch = next_data_of(owner())
                 # Produced on demand: nothing is ever waiting.
                 on_fetch(False, 0)
                 return batch
@@ -73,8 +77,9 @@ class LoaderProbe:
         else:
 
             def next_data() -> Any:
-                ready, level = _peek_buffer(iterator)
-                batch = original()
+                current = owner()
+                ready, level = _peek_buffer(current)
+                batch = next_data_of(current)
                 on_fetch(ready, level)
                 return batch
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from statistics import fmean
@@ -96,12 +97,17 @@ class WorkerMeter:
 
 
 def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
-    """With ``num_workers=0`` the main process is the producer: time its fetcher instance."""
-    original = fetcher.fetch
+    """With ``num_workers=0`` the main process is the producer: time its fetcher instance.
+
+    The wrapper holds the fetcher weakly: a reference cycle would keep the loader's iterator (and its
+    resources) alive until the cyclic garbage collector runs, at some arbitrary later step.
+    """
+    fetch = type(fetcher).fetch
+    owner = weakref.ref(fetcher)
 
     def timed_fetch(index: Any) -> Any:
         start = time.perf_counter()
-        batch = original(index)
+        batch = fetch(owner(), index)
         counters.record(0, time.perf_counter() - start)
         return batch
 

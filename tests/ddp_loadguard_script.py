@@ -1,0 +1,55 @@
+"""A 2-process CPU DDP fit with LoadGuard, where rank 1's loader is the slow one (run as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+from lightning.pytorch import Trainer, seed_everything
+
+from lightning_loadguard import LoadGuard
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+warnings.filterwarnings("ignore")
+
+
+def main(out_dir: str) -> None:
+    seed_everything(0)
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # Rank 1 makes each batch in 20 ms with one worker; rank 0 in no time; the step takes 5 ms.
+    dataset = TimedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
+    guard = LoadGuard(window=20, print_summary=False)
+    trainer = Trainer(
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=1,
+        callbacks=[guard],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=10,
+    )
+    trainer.fit(TimedModule(step_s=0.005), timed_loader(dataset, batch_size=4, num_workers=1))
+    snapshot = guard.snapshot
+    assert snapshot is not None and guard.diagnosis is not None
+    result = {
+        "metrics": guard.metrics,
+        "rank_wait_fractions": snapshot.rank_wait_fractions,
+        "processes_on_host": snapshot.host.processes_on_host,
+        "batch_bytes": snapshot.batch_bytes,
+        "inflight_host_bytes": snapshot.inflight_host_bytes,
+        "verdicts": [finding.verdict for finding in guard.diagnosis.findings],
+        "straggler": {
+            k: v for f in guard.diagnosis.findings if f.verdict == "straggler_rank" for k, v in f.evidence.items()
+        },
+    }
+    with open(os.path.join(out_dir, f"rank{trainer.global_rank}.json"), "w") as handle:
+        json.dump(result, handle)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,33 @@
+"""LoadGuard under a real 2-process CPU DDP fit (gloo): the worst rank's wait, per-host memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("ddp_loadguard_script.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for result in ranks:
+        # Every rank holds the same combined figures: they were gathered, not guessed.
+        assert result["metrics"]["loadguard/worst_rank"] == 1
+        assert result["processes_on_host"] == 2
+    rank0 = ranks[0]
+    waits = rank0["rank_wait_fractions"]
+    assert waits[1] > 0.5 and waits[1] - waits[0] > 0.3
+    assert rank0["metrics"]["loadguard/wait_fraction"] == pytest.approx(waits[1])
+    # One worker, prefetch 2: two batches in flight per rank, two ranks on this host.
+    per_rank = 2 * rank0["batch_bytes"]
+    assert rank0["inflight_host_bytes"] == 2 * per_rank
+    assert rank0["metrics"]["loadguard/inflight_host_mb"] == pytest.approx(2 * per_rank / 1e6)
+    assert "straggler_rank" in rank0["verdicts"]
+    assert 1 in rank0["straggler"].values()

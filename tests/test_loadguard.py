@@ -1,0 +1,183 @@
+"""LoadGuard in a Trainer: data untouched, every logger, fallbacks, faults and bad arguments."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_loadguard import LoadGuard
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+
+def _trainer(guard: LoadGuard | None, **kwargs: Any) -> Trainer:
+    kwargs.setdefault("logger", False)
+    kwargs.setdefault("max_epochs", 1)
+    return Trainer(
+        callbacks=[guard] if guard else [],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        **kwargs,
+    )
+
+
+def _seen(with_guard: bool) -> list[int]:
+    seed_everything(7)
+    module = TimedModule()
+    loader = timed_loader(TimedDataset(96, sample_s=0.0005), batch_size=4, num_workers=2, shuffle=True)
+    _trainer(LoadGuard(window=8, print_summary=False) if with_guard else None, max_epochs=2).fit(module, loader)
+    return module.seen
+
+
+def test_training_sees_the_same_samples_in_the_same_order() -> None:
+    plain, guarded = _seen(False), _seen(True)
+    assert len(plain) == 2 * 96
+    assert plain[:96] != sorted(plain[:96])  # shuffled, so the comparison means something
+    assert guarded == plain
+
+
+def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path) -> None:
+    class LoggingModule(TimedModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss)
+            return loss
+
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(guard, logger=CSVLogger(tmp_path), log_every_n_steps=5, max_epochs=1)
+    trainer.fit(LoggingModule(step_s=0.002), timed_loader(TimedDataset(80), batch_size=4, num_workers=1))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    ours = {int(r["step"]) for r in rows if r.get("loadguard/wait_fraction")}
+    lightnings = {int(r["step"]) for r in rows if r.get("train_loss")}
+    assert ours == lightnings == {4, 9, 14, 19}
+    wait = [float(r["loadguard/wait_fraction"]) for r in rows if r.get("loadguard/wait_fraction")]
+    assert all(0.0 <= w <= 1.0 for w in wait)
+    assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
+
+
+def test_tensorboard_gets_scalars_dashboard_and_diagnosis(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(guard, logger=TensorBoardLogger(tmp_path), log_every_n_steps=5)
+    trainer.fit(TimedModule(step_s=0.002), timed_loader(TimedDataset(80, sample_s=0.002), batch_size=4))
+    events = EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"loadguard/wait_fraction", "loadguard/producer_rate", "loadguard/consumer_rate"} <= scalars
+    assert "loadguard/gpu_util" not in scalars  # CPU machine: nothing to measure, nothing logged
+    tensors = set(events.Tags()["tensors"])
+    assert "custom_scalars__config__" in tensors
+    assert "loadguard/diagnosis/text_summary" in tensors
+
+
+def test_without_a_logger_it_measures_and_prints_a_summary(caplog: pytest.LogCaptureFixture) -> None:
+    guard = LoadGuard(window=10)
+    with caplog.at_level(logging.INFO):
+        _trainer(guard).fit(TimedModule(step_s=0.001), timed_loader(TimedDataset(64, sample_s=0.001), batch_size=4))
+    assert "LoadGuard summary" in caplog.text
+    assert "producer capacity" in caplog.text
+    assert guard.metrics["loadguard/wait_fraction"] > 0.3  # in-process production, cheap step
+    assert guard.diagnosis is not None and guard.diagnosis.verdict != "compute_bound"
+
+
+def test_user_profiler_keeps_working_and_everything_is_restored() -> None:
+    guard = LoadGuard(window=8, print_summary=False)
+    trainer = _trainer(guard, profiler="simple")
+    original_profiler = trainer.profiler
+    loader = timed_loader(TimedDataset(32), batch_size=4, num_workers=1)
+    trainer.fit(TimedModule(), loader)
+    assert trainer.profiler is original_profiler
+    assert any("train_dataloader_next" in action for action in original_profiler.recorded_durations)
+    assert type(loader) is DataLoader
+    assert "_load_combined_loader_states" not in trainer.fit_loop.__dict__
+
+
+class _Stream(IterableDataset):
+    def __iter__(self) -> Any:
+        for i in range(40):
+            yield torch.tensor(i), torch.randn(16)
+
+
+class _Batches:
+    """A plain iterable of batches: nothing to instrument."""
+
+    def __iter__(self) -> Any:
+        return iter([(torch.arange(4) + 4 * i, torch.randn(4, 16)) for i in range(10)])
+
+    def __len__(self) -> int:
+        return 10
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "instrumented"),
+    [
+        (lambda: DataLoader(_Stream(), batch_size=4, num_workers=1), True),
+        (_Batches, False),
+        (lambda: {"a": timed_loader(TimedDataset(40), 4), "b": timed_loader(TimedDataset(40), 4)}, False),
+    ],
+    ids=["iterable-dataset", "plain-iterable", "two-loaders"],
+)
+def test_what_cannot_be_instrumented_is_measured_from_the_consumer(make_loader: Any, instrumented: bool) -> None:
+    class AnyBatch(TimedModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            _, x = batch["a"] if isinstance(batch, dict) else batch
+            return self.layer(x).pow(2).mean()
+
+    guard = LoadGuard(window=5, print_summary=False, log_every_n_steps=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(guard).fit(AnyBatch(), make_loader())
+    ours = [w for w in caught if "LoadGuard" in str(w.message)]
+    assert "loadguard/wait_fraction" in guard.metrics
+    if instrumented:
+        assert not ours
+        assert guard.metrics["loadguard/producer_rate"] > 0
+    else:
+        assert len(ours) == 1 and "not measured" in str(ours[0].message)
+        assert "loadguard/producer_rate" not in guard.metrics
+
+
+def test_a_failing_meter_is_reported_once_and_training_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_loadguard.callback as callback_module
+
+    def broken(batch: Any) -> int:
+        raise RuntimeError("cannot size this batch")
+
+    monkeypatch.setattr(callback_module, "batch_nbytes", broken)
+    guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
+    module = TimedModule()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(guard).fit(module, timed_loader(TimedDataset(40), 4))
+    ours = [w for w in caught if "LoadGuard" in str(w.message)]
+    assert len(ours) == 1 and "cannot size this batch" in str(ours[0].message)
+    assert len(module.seen) == 40
+    assert "loadguard/wait_fraction" in guard.metrics
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"window": 1}, "window"),
+        ({"window": "10"}, "window"),
+        ({"log_every_n_steps": 0}, "log_every_n_steps"),
+        ({"print_summary": "yes"}, "print_summary"),
+        ({"auto_tune": "on"}, "auto_tune"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        LoadGuard(**kwargs)
