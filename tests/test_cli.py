@@ -1,0 +1,174 @@
+"""The ``loadguard`` command: demo, report from TensorBoard event files, plot, and its errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard_run import STEPS, fit_with_tensorboard
+
+from lightning_loadguard import cli
+from lightning_loadguard.dashboard import METRICS
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    """The log directory of a short fit, and the loadguard metrics of its last logging step."""
+    root = tmp_path_factory.mktemp("tb")
+    _, logged = fit_with_tensorboard(root)
+    last = logged[max(logged)]
+    return root, {k: v for k, v in last.items() if k.startswith("loadguard/")}
+
+
+def test_demo_shows_the_deficit_and_its_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["demo", "--epochs", "1", "--batches", "24", "--logdir", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "Diagnosis: producer_deficit" in out
+    assert "num_workers=1 (now 0)" in out
+    assert "wait fraction (run)" in out
+    assert f"tensorboard --logdir {tmp_path}" in out
+    assert list(tmp_path.glob("demo/version_0/events.out.tfevents*"))
+    # The run it wrote reads back: the waits of a loader that makes its batches in the training process.
+    run = cli.read_runs(tmp_path)[-1]
+    wait = run.scalars["loadguard/wait_fraction"].latest
+    expected = cli.DEMO_LOAD_MS / (cli.DEMO_LOAD_MS + cli.DEMO_STEP_MS)
+    assert wait == pytest.approx(expected, abs=0.08)
+    assert "producer_deficit" in run.texts["loadguard/diagnosis/text_summary"][1]
+
+
+def test_demo_auto_tune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tuner = importlib.util.find_spec("lightning_loadguard.tuning.session") is not None
+    rc = cli.main(
+        ["demo", "--auto-tune", "--epochs", "1", "--batches", "24", "--logdir", str(tmp_path), "--no-progress"]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    if tuner:
+        assert "auto-tuning on" in out
+        assert "not available" not in out
+    else:
+        assert "auto-tuning is not available in this installation" in out
+
+
+def test_report_reads_what_loadguard_logged(logdir: tuple[Path, dict[str, float]]) -> None:
+    root, logged = logdir
+    runs = cli.read_runs(root)
+    assert [r.name for r in runs] == ["run/version_0"]
+    run = runs[0]
+    for name in ("loadguard/wait_fraction", "loadguard/producer_rate", "loadguard/throughput", "loadguard/step_ms"):
+        series = run.scalars[name]
+        # The event file holds float32.
+        assert series.latest == pytest.approx(logged[name], rel=1e-5)
+        assert series.steps == tuple(range(LOG_STEP0, STEPS, 4))
+        assert min(series.values) <= series.mean <= max(series.values)
+    assert not any(math.isnan(v) for s in run.scalars.values() for v in s.values)
+
+
+LOG_STEP0 = 3  # log_every_n_steps=4 logs after steps 3, 7, 11, ...
+
+
+def test_report_prints_a_table_and_the_diagnosis(
+    logdir: tuple[Path, dict[str, float]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, logged = logdir
+    assert cli.main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "LoadGuard report" in out and "steps 3..23" in out
+    line = next(line for line in out.splitlines() if "loadguard/wait_fraction" in line)
+    assert f"{logged['loadguard/wait_fraction']:.3g}" in line
+    assert "0..1" in line
+    assert "Data path:" in out and "**" not in out
+
+
+def test_report_plot(logdir: tuple[Path, dict[str, float]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "rates.png"
+    assert cli.main(["report", str(logdir[0]), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
+    assert f"Plot written to {out}" in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_names_the_package(
+    logdir: tuple[Path, dict[str, float]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    run = cli.read_runs(logdir[0])[-1]
+    with pytest.raises(cli.CommandError, match=r"matplotlib.*lightning-loadguard\[plot\]"):
+        cli.plot_run(run, tmp_path / "x.png")
+
+
+def test_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(tmp_path / "missing")]) == 1
+    assert "missing does not exist" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path)]) == 1
+    assert "no TensorBoard event files" in capsys.readouterr().err
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "other")) as writer:
+        writer.add_scalar("loss", 1.0, 0)
+    assert cli.main(["report", str(tmp_path)]) == 1
+    assert "no loadguard/* scalars" in capsys.readouterr().err
+
+
+def test_report_run_selection(logdir: tuple[Path, dict[str, float]], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(logdir[0]), "--run", "run/version_0"]) == 0
+    capsys.readouterr()
+    assert cli.main(["report", str(logdir[0]), "--run", "nope"]) == 1
+    assert "runs: run/version_0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "required: COMMAND"),
+        (["demo", "--epochs", "0"], "--epochs: expected a whole number >= 1, got 0"),
+        (["demo", "--batches", "many"], "--batches: expected a whole number >= 1, got 'many'"),
+        (["report"], "required: LOGDIR"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_demo_refuses_a_file_as_logdir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "file"
+    target.write_text("")
+    assert cli.main(["demo", "--logdir", str(target)]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_help_runs_as_a_program() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_loadguard.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+    assert "demo" in done.stdout and "report" in done.stdout
+
+
+def test_tables_fall_back_to_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    text = cli.render_grid("T", ["metric", "latest"], [["loadguard/step_ms", "4.1"], ["loadguard/throughput", "120"]])
+    assert text.splitlines() == [
+        "T",
+        "-",
+        "metric                latest",
+        "--------------------  ------",
+        "loadguard/step_ms        4.1",
+        "loadguard/throughput     120",
+    ]
+
+
+def test_every_metric_has_a_unit() -> None:
+    assert all(cli._unit(name) for name in METRICS)
