@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 try:
@@ -20,6 +20,10 @@ Callback = pl.Callback
 _FETCH_ACTION_SUFFIX = "].train_dataloader_next"
 _FETCH_ACTION_PREFIX = "[_TrainingEpochLoop"
 _TRANSFER_ACTION_SUFFIX = ".batch_to_device"
+
+
+def _is_fetch(action_name: str) -> bool:
+    return action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX)
 
 
 class FetchTimingProfiler:
@@ -51,21 +55,27 @@ class FetchTimingProfiler:
 
     def start(self, action_name: str) -> None:
         self._inner.start(action_name)
-        if action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX):
+        if _is_fetch(action_name):
             self._on_fetch_start(time.perf_counter())
         elif action_name.endswith(_TRANSFER_ACTION_SUFFIX):
             object.__setattr__(self, "_transfer_start", time.perf_counter())
 
     def stop(self, action_name: str) -> None:
-        if action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX):
+        if _is_fetch(action_name):
             self._on_fetch_stop(time.perf_counter())
         elif action_name.endswith(_TRANSFER_ACTION_SUFFIX) and self._transfer_start is not None:
             self._on_transfer(time.perf_counter() - self._transfer_start)
             object.__setattr__(self, "_transfer_start", None)
         self._inner.stop(action_name)
 
+    def profile(self, action_name: str) -> AbstractContextManager[str]:
+        # Lightning profiles every hook of every step: hand those straight to the user's profiler.
+        if action_name.endswith(_TRANSFER_ACTION_SUFFIX) or _is_fetch(action_name):
+            return self._timed(action_name)
+        return self._inner.profile(action_name)
+
     @contextmanager
-    def profile(self, action_name: str) -> Iterator[str]:
+    def _timed(self, action_name: str) -> Iterator[str]:
         try:
             self.start(action_name)
             yield action_name

@@ -7,24 +7,35 @@ from collections.abc import Sequence
 from lightning_loadguard.meters.window import LoaderSettings
 
 
-def render_table(title: str, rows: Sequence[tuple[str, str]]) -> str:
-    """A two-column table, drawn with ``rich`` where it is installed, as aligned plain text otherwise."""
+def render_table(title: str, rows: Sequence[Sequence[str]], headers: Sequence[str] | None = None) -> str:
+    """A table drawn with ``rich`` where it is installed, as aligned plain text otherwise.
+
+    Example:
+        >>> print(render_table("t", [("a", "1"), ("bb", "22")], headers=("name", "value")))  # doctest: +SKIP
+    """
+    columns = max((len(row) for row in rows), default=len(headers or ()))
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        width = max((len(name) for name, _ in rows), default=0)
-        lines = [title, "-" * len(title)]
-        lines += [f"{name:<{width}}  {value}" for name, value in rows]
-        return "\n".join(lines)
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for name, value in rows:
-        table.add_row(name, value)
-    console = Console(width=110, record=True, file=_NullFile())
+        return _plain_table(title, rows, headers, columns)
+    table = Table(title=title, show_header=headers is not None, title_justify="left")
+    for i in range(columns):
+        table.add_column(headers[i] if headers else "", style="bold" if i == 0 else None)
+    for row in rows:
+        table.add_row(*row)
+    console = Console(width=120, record=True, file=_NullFile())
     console.print(table)
     return console.export_text().rstrip()
+
+
+def _plain_table(title: str, rows: Sequence[Sequence[str]], headers: Sequence[str] | None, columns: int) -> str:
+    body = [list(headers)] if headers else []
+    body += [list(row) + [""] * (columns - len(row)) for row in rows]
+    widths = [max(len(line[i]) for line in body) for i in range(columns)]
+    lines = [title, "-" * len(title)]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in body]
+    return "\n".join(lines)
 
 
 class _NullFile:
