@@ -1,0 +1,92 @@
+"""LoadGuard and ResumableLoaderMixin under the ``pytorch_lightning`` distribution's Trainer.
+
+``lightning`` depends on ``pytorch_lightning``, so both are installed wherever LoadGuard is; the rest of the
+suite runs ``lightning.pytorch``. The standalone case hides ``lightning`` as if only ``pytorch_lightning``
+were installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+_FIT = textwrap.dedent(
+    """
+    import importlib, sys, warnings
+    import torch
+    from torch.utils.data import DataLoader
+
+    namespace = sys.argv[1]
+    if namespace == "pytorch_lightning" and sys.argv[2] == "alone":
+        # As on a machine with only the standalone package: importing `lightning` fails.
+        sys.modules["lightning"] = None
+    pl = importlib.import_module(namespace)
+
+    from lightning_loadguard import LoadGuard
+    from lightning_loadguard.datamodule import STATE_KEY, ResumableLoaderMixin
+    from lightning_loadguard.synthetic import TimedDataset
+
+    class Data(ResumableLoaderMixin, pl.LightningDataModule):
+        loader_seed = 1
+
+        def train_dataloader(self):
+            return DataLoader(TimedDataset(48, sample_s=0.002), batch_size=4, shuffle=True, num_workers=1)
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.extend(int(i) for i in batch[0])
+            return self.layer(batch[1]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    guard = LoadGuard(window=6, log_every_n_steps=3, print_summary=False)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[guard], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Model()
+        trainer.fit(model, datamodule=Data())
+    assert sorted(model.seen) == list(range(48)), model.seen
+    for name in ("loadguard/wait_fraction", "loadguard/producer_rate", "loadguard/ready_fraction"):
+        assert guard.metrics.get(name) == guard.metrics.get(name), (name, guard.metrics)  # present and not NaN
+    assert guard.metrics["loadguard/data_wait_ms"] > 0, guard.metrics
+    assert guard.diagnosis is not None
+    path = sys.argv[3]
+    trainer.save_checkpoint(path)
+    state = torch.load(path, weights_only=False)
+    assert STATE_KEY in state["Data"], list(state)
+    print("loaded:", sorted(m for m in ("lightning", "pytorch_lightning") if sys.modules.get(m) is not None))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "mode", "loaded"),
+    [
+        ("pytorch_lightning", "both", "['lightning', 'pytorch_lightning']"),
+        ("pytorch_lightning", "alone", "['pytorch_lightning']"),
+    ],
+)
+def test_trainer_of_either_distribution_runs_loadguard_and_the_mixin(
+    namespace: str, mode: str, loaded: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(_FIT)
+    done = subprocess.run(
+        [sys.executable, str(script), namespace, mode, str(tmp_path / "last.ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"loaded: {loaded}" in done.stdout
