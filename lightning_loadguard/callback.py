@@ -311,6 +311,7 @@ class LoadGuard(_pl.Callback):
             ready=ready if len(ready) == len(records) and ready else None,
             buffer_level=levels if len(levels) == len(records) and levels else None,
             production_s=self._producer.durations() if self._producer_instrumented else (),
+            production_cpu_s=self._producer.cpu_durations() if self._producer_instrumented else (),
             producer_rate=self._producer.capacity() if self._producer_instrumented else None,
             epoch_start_s=tuple(self._epoch_start_s),
             batch_bytes=self._batch_bytes,

@@ -150,3 +150,17 @@ def test_window_snapshot_figures() -> None:
     assert snap.consumer_rate == pytest.approx(50.0)
     assert snap.settings.batches_in_flight == 7
     assert LoaderSettings(num_workers=0).batches_in_flight == 0
+
+
+@pytest.mark.parametrize(("spin", "low", "high"), [(False, 0.0, 0.3), (True, 0.7, 1.0)])
+def test_producer_tells_io_waiting_workers_from_computing_ones(spin: bool, low: float, high: float) -> None:
+    producer = ProducerMeter(window=64)
+    probe = LoaderProbe(producer, lambda s: None, lambda r, level: None)
+    loader = DataLoader(TimedDataset(32, sample_s=0.004, spin=spin), batch_size=4, num_workers=1)
+    assert instrument(loader, probe) is None
+    list(loader)
+    producer.poll()
+    durations, cpu = producer.durations(), producer.cpu_durations()
+    assert len(durations) == len(cpu) == 8
+    snapshot = WindowSnapshot(wait_s=(0.0,), step_s=(0.01,), production_s=durations, production_cpu_s=cpu)
+    assert snapshot.cpu_share is not None and low <= snapshot.cpu_share <= high

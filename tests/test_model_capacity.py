@@ -116,3 +116,16 @@ def test_recommendation_matches_brute_force(prod: list[float], step: list[float]
         return
     assert advice is not None
     assert abs(advice.prefetch_factor - _brute_force_depth(prod, step, workers)) <= 1
+
+
+def test_io_waiting_workers_fit_more_than_one_per_core() -> None:
+    from lightning_loadguard.meters.window import HostFacts
+    from lightning_loadguard.model.capacity import worker_budget
+
+    host = HostFacts(cpu_count=8, processes_on_host=2)
+    assert worker_budget(host) == 3
+    assert worker_budget(host, cpu_share=1.0) == 3
+    assert worker_budget(host, cpu_share=0.5) == 6
+    assert worker_budget(host, cpu_share=0.0) == 30  # never more than ten per spare core
+    with pytest.raises(ValueError, match="cpu_share"):
+        worker_budget(host, cpu_share=1.5)

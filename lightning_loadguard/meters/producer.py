@@ -5,8 +5,11 @@ writes the duration into a row of a shared-memory tensor that the main process r
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
 never waits. With ``num_workers=0`` the same meter times the in-process fetch.
 
-Row layout (float64): ``[batches_made, busy_seconds, durations[0..RING-1], finish_times[0..RING-1]]``: a
-single writer per row; the reader only looks at the ring entries the counter says were written, and merges
+Each batch's CPU time (the worker thread's own) is kept beside its busy time: their ratio tells a worker
+that waits on I/O (it needs no core of its own) from one that computes.
+
+Row layout (float64): ``[batches_made, busy_seconds, durations[RING], finish_times[RING], cpu_seconds[RING]]``:
+a single writer per row; the reader only looks at the ring entries the counter says were written, and merges
 the rows in finishing order (``perf_counter`` is the system-wide monotonic clock on Linux).
 """
 
@@ -31,7 +34,7 @@ class ProducerCounters:
 
     def __init__(self, num_workers: int) -> None:
         self.rows = max(1, num_workers)
-        self.tensor = torch.zeros(self.rows, _HEADER + 2 * _RING, dtype=torch.float64)
+        self.tensor = torch.zeros(self.rows, _HEADER + 3 * _RING, dtype=torch.float64)
         if num_workers > 0:
             self.tensor.share_memory_()
 
@@ -50,12 +53,13 @@ class ProducerCounters:
             view = self.__dict__["_array"] = self.tensor.numpy()
         return view
 
-    def record(self, row: int, seconds: float, finished: float | None = None) -> None:
+    def record(self, row: int, seconds: float, cpu_seconds: float | None = None, finished: float | None = None) -> None:
         data = self.array[row]
         count = int(data[0])
         slot = _HEADER + count % _RING
         data[slot] = seconds
         data[slot + _RING] = time.perf_counter() if finished is None else finished
+        data[slot + 2 * _RING] = seconds if cpu_seconds is None else cpu_seconds
         data[1] += seconds
         # The count goes last: a reader never sees a slot before its duration is written.
         data[0] = count + 1
@@ -69,9 +73,9 @@ def _patch_fetchers(counters: ProducerCounters, row: int) -> None:
         original = getattr(cls, "_loadguard_original_fetch", cls.fetch)
 
         def timed_fetch(self: Any, index: Any, _original: Callable[..., Any] = original) -> Any:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             batch = _original(self, index)
-            counters.record(row, time.perf_counter() - start)
+            counters.record(row, time.perf_counter() - start, time.thread_time() - cpu_start)
             return batch
 
         cls._loadguard_original_fetch = original  # type: ignore[attr-defined]
@@ -106,9 +110,9 @@ def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
     owner = weakref.ref(fetcher)
 
     def timed_fetch(index: Any) -> Any:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         batch = fetch(owner(), index)
-        counters.record(0, time.perf_counter() - start)
+        counters.record(0, time.perf_counter() - start, time.thread_time() - cpu_start)
         return batch
 
     fetcher.fetch = timed_fetch
@@ -133,6 +137,7 @@ class ProducerMeter:
         if window < 1:
             raise ValueError(f"`window` must be a positive number of batches, got {window!r}.")
         self._durations: deque[float] = deque(maxlen=window)
+        self._cpu: deque[float] = deque(maxlen=window)
         self._counters: ProducerCounters | None = None
         self._seen: list[int] = []
         self._seen_busy: list[float] = []
@@ -153,6 +158,7 @@ class ProducerMeter:
         self._seen_busy = [0.0] * self._counters.rows
         if num_workers != self.num_workers:
             self._durations.clear()
+            self._cpu.clear()
         self.num_workers = num_workers
         return self._counters
 
@@ -162,7 +168,7 @@ class ProducerMeter:
         if counters is None:
             return
         table = counters.array
-        fresh: list[tuple[float, float]] = []
+        fresh: list[tuple[float, float, float]] = []
         for row in range(counters.rows):
             count = int(table[row, 0])
             busy = float(table[row, 1])
@@ -174,14 +180,22 @@ class ProducerMeter:
             first = max(self._seen[row], count - _RING)
             slots = [_HEADER + i % _RING for i in range(first, count)]
             ends = [slot + _RING for slot in slots]
-            fresh.extend(zip(table[row, ends].tolist(), table[row, slots].tolist(), strict=True))
+            cpus = [slot + 2 * _RING for slot in slots]
+            fresh.extend(
+                zip(table[row, ends].tolist(), table[row, slots].tolist(), table[row, cpus].tolist(), strict=True)
+            )
             self.total_batches += new
             self._seen[row] = count
         fresh.sort()
-        self._durations.extend(duration for _, duration in fresh)
+        self._durations.extend(duration for _, duration, _ in fresh)
+        self._cpu.extend(cpu for _, _, cpu in fresh)
 
     def durations(self) -> tuple[float, ...]:
         return tuple(self._durations)
+
+    def cpu_durations(self) -> tuple[float, ...]:
+        """Per batch in the window, the CPU time its producer spent (aligned with :meth:`durations`)."""
+        return tuple(self._cpu)
 
     def capacity(self) -> float | None:
         """Sustainable batches per second of all producers together, or ``None`` before any batch."""

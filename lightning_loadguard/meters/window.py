@@ -65,6 +65,8 @@ class WindowSnapshot:
         buffer_level: per fetch, batches waiting in the loader's buffer (``None`` where unknown).
         production_s: per produced batch, the busy time of the worker that made it (fetch + collate),
             in completion order; empty when the producer is not instrumented.
+        production_cpu_s: per produced batch (aligned with ``production_s``), the CPU time the producing
+            thread spent; less than the busy time when the worker waits on I/O.
         producer_rate: sustainable batches/s of all workers together, or ``None`` if unmeasured.
         epoch_start_s: the iterator start-up time (worker launch) of recent epochs.
         batch_bytes: size of one batch in host memory, or ``None``.
@@ -80,6 +82,7 @@ class WindowSnapshot:
     ready: tuple[bool, ...] | None = None
     buffer_level: tuple[int, ...] | None = None
     production_s: tuple[float, ...] = ()
+    production_cpu_s: tuple[float, ...] = ()
     producer_rate: float | None = None
     epoch_start_s: tuple[float, ...] = ()
     batch_bytes: int | None = None
@@ -130,6 +133,14 @@ class WindowSnapshot:
     @property
     def mean_production_s(self) -> float | None:
         return fmean(self.production_s) if self.production_s else None
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Share of the workers' busy time spent on a CPU (1: compute-bound, near 0: waiting on I/O)."""
+        busy = sum(self.production_s)
+        if not self.production_cpu_s or busy <= 0:
+            return None
+        return min(1.0, sum(self.production_cpu_s) / busy)
 
     @property
     def inflight_bytes(self) -> int | None:

@@ -114,18 +114,30 @@ def workers_needed(
     return max(1, math.ceil(busy - 1e-9))
 
 
-def worker_budget(host: HostFacts) -> int:
+MIN_CPU_SHARE = 0.1
+"""Workers are never assumed to need less than this share of a core (bounds workers per core at 10)."""
+
+
+def worker_budget(host: HostFacts, cpu_share: float | None = None) -> int:
     """Loader workers each training process can run without oversubscribing the host's cores.
 
-    Every training process keeps one core for its own loop; the rest of its share goes to workers.
+    Every training process keeps one core for its own loop; the rest of its share goes to workers. A worker
+    that spends most of its busy time waiting on I/O (``cpu_share``, the measured CPU time over busy time
+    of its batches) needs only that share of a core, so more of them fit.
 
     Example:
         >>> worker_budget(HostFacts(cpu_count=32, processes_on_host=4))
         7
+        >>> worker_budget(HostFacts(cpu_count=32, processes_on_host=4), cpu_share=0.25)
+        28
     """
     if host.cpu_count < 1:
         raise ValueError(f"host.cpu_count must be >= 1, got {host.cpu_count!r}")
-    return max(0, math.floor(host.cores_per_process) - 1)
+    if cpu_share is not None and not 0.0 <= cpu_share <= 1.0:
+        raise ValueError(f"cpu_share must be within 0..1 or None, got {cpu_share!r}")
+    spare = max(0.0, math.floor(host.cores_per_process) - 1)
+    share = 1.0 if cpu_share is None else max(MIN_CPU_SHARE, cpu_share)
+    return math.floor(spare / share + 1e-9)
 
 
 def host_inflight_bytes(batch_bytes: int, batches_in_flight: int, processes_on_host: int) -> int:

@@ -226,7 +226,7 @@ def _deficit(facts: _Facts) -> Finding | None:
         return None
     per_batch = _worker_time(facts)
     needed = cap.workers_needed(per_batch, facts.consumer_rate)
-    budget = cap.worker_budget(host)
+    budget = cap.worker_budget(host, facts.snap.cpu_share)
     evidence = _rates(facts) | {
         "worker_time_s": per_batch,
         "workers_needed": needed,
@@ -239,7 +239,8 @@ def _deficit(facts: _Facts) -> Finding | None:
     else:
         limits = []
         if needed > budget:
-            limits.append(f"{host.cores_per_process:.3g} cores per training process allow {budget} workers")
+            limits.append(f"{host.cores_per_process:.3g} cores per training process allow {budget} workers"
+                          + _cpu_share_note(facts.snap.cpu_share))
         if not fits_memory:
             limits.append(f"{needed * facts.prefetch} batches in flight per process exceed the memory budget")
         fix = (
@@ -323,7 +324,7 @@ def _depth_advice(facts: _Facts, workers: int) -> cap.PrefetchAdvice | None:
 
 
 def _workers_for_bursts(facts: _Facts) -> tuple[int, cap.PrefetchAdvice] | None:
-    limit = max(cap.worker_budget(facts.snap.host), facts.workers)
+    limit = max(cap.worker_budget(facts.snap.host, facts.snap.cpu_share), facts.workers)
     for workers in range(facts.workers + 1, min(limit, facts.workers + MAX_EXTRA_WORKERS) + 1):
         advice = _depth_advice(facts, workers)
         if advice is not None and advice.expected_wait_fraction < WAIT_OK:
@@ -408,22 +409,31 @@ def _straggler(facts: _Facts) -> Finding | None:
     return Finding("straggler_rank", min(1.0, worst - typical), evidence, fix, summary)
 
 
+def _cpu_share_note(cpu_share: float | None) -> str:
+    if cpu_share is None:
+        return ""
+    return f" (workers compute {cpu_share:.0%} of their busy time)"
+
+
 def _oversubscribed(facts: _Facts) -> Finding | None:
     host = facts.snap.host
     procs = max(1, host.processes_on_host)
     total = facts.workers * procs
-    if total <= host.cpu_count:
+    # Workers waiting on I/O hold no core: count each at the CPU share of its busy time.
+    cpu_share = 1.0 if facts.snap.cpu_share is None else facts.snap.cpu_share
+    if total * cpu_share <= host.cpu_count:
         return None
     # Idle workers do not contend for cores: weigh by how busy the producer is.
     busy = 1.0 if facts.capacity is None else min(1.0, facts.consumer_rate / facts.capacity)
-    severity = (1.0 - host.cpu_count / total) * busy
-    budget = cap.worker_budget(host)
+    severity = (1.0 - host.cpu_count / (total * cpu_share)) * busy
+    budget = cap.worker_budget(host, facts.snap.cpu_share)
     evidence: Evidence = {
         "num_workers": facts.workers,
         "processes_on_host": procs,
         "cpu_count": host.cpu_count,
         "worker_budget": budget,
         "worker_busy_share": busy,
+        "worker_cpu_share": cpu_share,
     }
     fix = (
         f"num_workers={max(1, budget)} (now {facts.workers}): more workers than cores slow the step "
