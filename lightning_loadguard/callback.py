@@ -6,6 +6,7 @@ import math
 import time
 import traceback
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +20,7 @@ from lightning_loadguard.meters.host import batch_nbytes, host_facts, host_key
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.producer import ProducerMeter
 from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
-from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.report import format_summary
@@ -361,20 +362,13 @@ class LoadGuard(_pl.Callback):
         self._processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:
-            self.snapshot = WindowSnapshot(
-                **{
-                    **snapshot.__dict__,
-                    "host": HostFacts(
-                        cpu_count=snapshot.host.cpu_count,
-                        processes_on_host=combined.processes_on_host,
-                        available_ram_bytes=snapshot.host.available_ram_bytes,
-                        shm_free_bytes=snapshot.host.shm_free_bytes,
-                    ),
-                    "rank_wait_fractions": combined.rank_wait_fractions,
-                    "inflight_host_bytes": (
-                        int(combined.inflight_host_bytes) if combined.inflight_host_bytes is not None else None
-                    ),
-                }
+            host = replace(snapshot.host, processes_on_host=combined.processes_on_host)
+            inflight = combined.inflight_host_bytes
+            self.snapshot = replace(
+                snapshot,
+                host=host,
+                rank_wait_fractions=combined.rank_wait_fractions,
+                inflight_host_bytes=int(inflight) if inflight is not None else None,
             )
         if self.snapshot is not None and self.snapshot.steps:
             self._guarded("diagnosing", self._diagnose, trainer)
@@ -392,7 +386,7 @@ class LoadGuard(_pl.Callback):
         snapshot = self.snapshot
         assert snapshot is not None
         batches = trainer.num_training_batches
-        steps_per_epoch = int(batches) if isinstance(batches, int) or batches != float("inf") else None
+        steps_per_epoch = int(batches) if math.isfinite(batches) and batches > 0 else None
         self.diagnosis = diagnose(snapshot, tuple(self._history), steps_per_epoch=steps_per_epoch)
         # Earlier windows feed the sustained rates; only whole, non-overlapping ones, so no step counts twice.
         if self._consumer.total_steps - self._history_steps >= self.window:
