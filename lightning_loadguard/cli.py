@@ -434,11 +434,11 @@ def _comparison(first: dict[str, float], last: dict[str, float]) -> str:
 
 
 def _decision_text(decision: Any) -> str:
-    for method in ("to_table", "to_text"):
-        fn = getattr(decision, method, None)
-        if callable(fn):
-            return _markdown(str(fn()))
-    return str(decision)
+    table = getattr(decision, "table", None)
+    if callable(table):
+        return str(table())
+    text = getattr(decision, "to_text", None)
+    return _markdown(str(text())) if callable(text) else str(decision)
 
 
 def _demo(args: argparse.Namespace) -> int:
