@@ -164,3 +164,26 @@ def test_producer_tells_io_waiting_workers_from_computing_ones(spin: bool, low: 
     assert len(durations) == len(cpu) == 8
     snapshot = WindowSnapshot(wait_s=(0.0,), step_s=(0.01,), production_s=durations, production_cpu_s=cpu)
     assert snapshot.cpu_share is not None and low <= snapshot.cpu_share <= high
+
+
+def test_gpu_utilization_is_silent_on_cpu_and_reads_nvml_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from lightning_loadguard.meters.accelerator import GpuUtilization
+
+    cpu = GpuUtilization(torch.device("cpu"))
+    assert cpu.read() is None and cpu.unavailable == "not a CUDA device"
+
+    calls: list[str] = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlDeviceGetHandleByUUID=lambda uuid: calls.append(uuid) or "handle",
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=87),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid="abc-123"))
+    gpu = GpuUtilization(torch.device("cuda", 1))
+    assert gpu.unavailable is None
+    assert gpu.read() == pytest.approx(0.87)
+    assert calls == ["init", "GPU-abc-123"]
