@@ -1,0 +1,203 @@
+"""Change a plain ``DataLoader``'s worker settings mid-epoch without changing the sample order.
+
+:func:`resume_iterator` restarts loaders built by :func:`make_resumable`, whose order is a function of
+``(seed, epoch)``. A user's own loader (e.g. ``shuffle=True`` drawing its permutation from the global
+random stream) has no such order to recompute, so this module records it instead:
+
+- :class:`OrderTap` stands in for the loader's index sampler (its batch sampler, or its sampler without
+  automatic batching) and passes through exactly what the user's sampler yields, in the same calls, while
+  remembering every batch of indices handed out in the current iterator's run.
+- :func:`restart_iterator` shuts the running iterator down, applies new settings and starts a new iterator
+  whose first batch is the one after the last *consumed* batch: the recorded batches the old workers had
+  read ahead are replayed, then the same live sampler run continues. Creating the iterator draws a base
+  seed from the global random stream; that draw is undone, so the training run's random stream (and every
+  later epoch's permutation) stays what it would have been without the restart.
+
+Example:
+    >>> import torch
+    >>> from torch.utils.data import DataLoader
+    >>> _ = torch.manual_seed(0)
+    >>> loader = DataLoader(list(range(12)), batch_size=3, shuffle=True)
+    >>> tap = OrderTap.install(loader)
+    >>> it = iter(loader); first = [next(it).tolist() for _ in range(2)]
+    >>> it = restart_iterator(loader, tap, consumed=2, old_iterator=it, num_workers=0)
+    >>> rest = [b.tolist() for b in it]
+    >>> tap.remove(loader)
+    >>> _ = torch.manual_seed(0)
+    >>> first + rest == [b.tolist() for b in DataLoader(list(range(12)), batch_size=3, shuffle=True)]
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+_TAP_ATTR = "_loadguard_order_tap"
+_SWITCHABLE = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+
+
+class OrderTap:
+    """A transparent stand-in for a loader's index sampler that records the batches it hands out.
+
+    Attribute reads (``sampler``, ``batch_size``, ``set_epoch`` ...) go to the user's object, so code that
+    inspects the loader (Lightning sets the sampler's epoch through it) sees no difference.
+    """
+
+    def __init__(self, inner: Iterable[Any], attribute: str) -> None:
+        self.inner = inner
+        self.attribute = attribute
+        self.recording = True
+        self.drawn: list[Any] = []
+        self._source: Iterator[Any] | None = None
+        self._replay: list[Any] | None = None
+
+    @classmethod
+    def install(cls, loader: DataLoader) -> OrderTap:
+        """Put a tap in front of ``loader``'s index sampler (before its next ``iter()``).
+
+        Raises:
+            TypeError: ``loader`` reads an ``IterableDataset`` (its order lives in the dataset, not in a
+                sampler the main process draws from).
+        """
+        existing = loader.__dict__.get(_TAP_ATTR)
+        if existing is not None:
+            return existing
+        if isinstance(loader.dataset, IterableDataset):
+            raise TypeError("an IterableDataset's loader has no index sampler to record")
+        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        tap = cls(loader.__dict__[attribute], attribute)
+        # DataLoader.__setattr__ refuses samplers after construction to protect live iterators; the tap is
+        # installed before the iterator it serves exists and yields exactly what the original yields.
+        loader.__dict__[attribute] = tap
+        loader.__dict__[_TAP_ATTR] = tap
+        return tap
+
+    def remove(self, loader: DataLoader) -> None:
+        """Give the loader its own sampler back; iterators that still hold the tap pass straight through."""
+        self.recording = False
+        self.drawn = []
+        if loader.__dict__.get(_TAP_ATTR) is self:
+            loader.__dict__[self.attribute] = self.inner
+            del loader.__dict__[_TAP_ATTR]
+
+    def resume_after(self, consumed: int) -> None:
+        """Make the next ``iter()`` continue the current run right after ``consumed`` batches."""
+        if not 0 <= consumed <= len(self.drawn):
+            raise ValueError(f"consumed must be in [0, {len(self.drawn)}] (batches drawn so far), got {consumed}")
+        if self._source is None:
+            raise RuntimeError("no run to continue: the tapped sampler was never iterated")
+        self._replay = self.drawn[consumed:]
+
+    def __iter__(self) -> Iterator[Any]:
+        # torch calls iter() on the index sampler twice when it builds a worker iterator and drops the first
+        # result unstarted; the generators below therefore act on their first next(), never at creation.
+        if self._replay is not None:
+            return self._continue()
+        # The user's sampler is asked for a run exactly when the untuned loader would ask it.
+        return self._record(iter(self.inner))
+
+    def _record(self, source: Iterator[Any]) -> Iterator[Any]:
+        self.drawn = []
+        self._source = source
+        for item in source:
+            if self.recording:
+                self.drawn.append(item)
+            yield item
+
+    def _continue(self) -> Iterator[Any]:
+        replay, self._replay = self._replay or [], None
+        source = self._source
+        assert source is not None
+        yield from replay
+        for item in source:
+            if self.recording:
+                self.drawn.append(item)
+            yield item
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {"inner", "attribute", "recording", "drawn", "_source", "_replay"}:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def shutdown(iterator: object) -> None:
+    """Stop an iterator's worker processes now (torch's own ``__del__`` path; a no-op without workers)."""
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
+
+
+def validate_settings(settings: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for a setting that cannot change on a built loader or is out of range."""
+    unknown = sorted(set(settings) - set(_SWITCHABLE))
+    if unknown:
+        raise ValueError(f"cannot change {unknown} on a built DataLoader; only {list(_SWITCHABLE)} can change")
+    workers = settings.get("num_workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"num_workers must be an integer >= 0, got {workers!r}")
+    prefetch = settings.get("prefetch_factor")
+    if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+        raise ValueError(f"prefetch_factor must be None or an integer >= 1, got {prefetch!r}")
+
+
+def apply_settings(loader: DataLoader, **settings: Any) -> None:
+    """Set worker settings on a loader that has no live iterator (shut any down first).
+
+    ``persistent_workers`` is refused by ``DataLoader.__setattr__`` after construction because a cached
+    iterator would keep the old value; with the cached iterator gone, setting it is consistent.
+    """
+    validate_settings(settings)
+    cached = getattr(loader, "_iterator", None)
+    if cached is not None:
+        shutdown(cached)
+        loader._iterator = None
+    if "num_workers" in settings:
+        loader.num_workers = settings["num_workers"]
+    if loader.num_workers > 0:
+        prefetch = settings.get("prefetch_factor", loader.prefetch_factor)
+        loader.prefetch_factor = 2 if prefetch is None else prefetch  # torch's default
+    else:
+        loader.prefetch_factor = None
+    if "pin_memory" in settings:
+        loader.pin_memory = bool(settings["pin_memory"])
+    if "persistent_workers" in settings:
+        loader.__dict__["persistent_workers"] = bool(settings["persistent_workers"]) and loader.num_workers > 0
+
+
+def restart_iterator(
+    loader: DataLoader,
+    tap: OrderTap,
+    consumed: int,
+    *,
+    old_iterator: Iterator[Any] | None = None,
+    **settings: Any,
+) -> Iterator[Any]:
+    """A new iterator over ``loader`` whose first batch is the one after ``consumed`` batches of the tap's run.
+
+    ``consumed`` counts batches the old iterator (and any it replaced) yielded since the run began. The old
+    iterator's workers are shut down first; ``settings`` (``num_workers``, ``prefetch_factor``,
+    ``pin_memory``, ``persistent_workers``) are applied in place. The global torch random state is the same
+    afterwards as before.
+    """
+    validate_settings(settings)
+    tap.resume_after(consumed)
+    if old_iterator is not None:
+        shutdown(old_iterator)
+    apply_settings(loader, **settings)
+    state = torch.get_rng_state()
+    try:
+        # _get_iterator, not iter(): the caller owns this mid-epoch iterator; a persistent loader caches
+        # it below so the next epoch reuses its workers as usual.
+        iterator = loader._get_iterator()
+    finally:
+        torch.set_rng_state(state)
+    if loader.persistent_workers and loader.num_workers > 0:
+        loader._iterator = iterator
+    return iterator
