@@ -1,0 +1,110 @@
+"""Host budgets for loader settings: cores per training process, in-flight memory and ``/dev/shm``.
+
+Every training process on a host runs its own loader, so each process gets its share: of the cores (one
+kept for its own loop) and of the memory that in-flight batches may claim across the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.model.capacity import worker_budget
+
+CORES = "cores"
+HOST_MEMORY = "host_memory"
+SHM = "shm"
+USER_CAP = "max_workers"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one training process's loader may use.
+
+    Attributes:
+        max_workers: most loader workers (cores per process less one, and ``TuneOptions.max_workers``).
+        workers_bound: which limit set ``max_workers`` (``"cores"`` or ``"max_workers"``).
+        max_in_flight: most batches the loader may hold at once (``None``: batch size or memory unknown).
+        memory_bound: which limit set ``max_in_flight`` (``"host_memory"`` or ``"shm"``), or ``None``.
+        memory_bytes: the host-wide bytes that bound applies to, or ``None``.
+    """
+
+    max_workers: int
+    workers_bound: str
+    max_in_flight: int | None = None
+    memory_bound: str | None = None
+    memory_bytes: int | None = None
+
+    def allows(self, num_workers: int, prefetch_factor: int | None) -> str | None:
+        """``None`` if the setting fits, else the name of the budget it breaks.
+
+        Example:
+            >>> Budget(max_workers=3, workers_bound="cores", max_in_flight=8, memory_bound="shm").allows(4, 2)
+            'cores'
+            >>> Budget(max_workers=7, workers_bound="cores", max_in_flight=8, memory_bound="shm").allows(4, 4)
+            'shm'
+        """
+        if num_workers > self.max_workers:
+            return self.workers_bound
+        if (
+            self.max_in_flight is not None
+            and num_workers > 0
+            and num_workers * (prefetch_factor or 2) > (self.max_in_flight)
+        ):
+            return self.memory_bound
+        return None
+
+    def deepest_prefetch(self, num_workers: int, ceiling: int) -> int:
+        """The largest ``prefetch_factor`` up to ``ceiling`` that fits the memory budget (0 if none does)."""
+        if num_workers <= 0:
+            return ceiling
+        if self.max_in_flight is None:
+            return ceiling
+        return max(0, min(ceiling, self.max_in_flight // num_workers))
+
+
+def host_budget(
+    host: HostFacts,
+    batch_bytes: int | None,
+    *,
+    memory_share: float,
+    shm_share: float,
+    max_workers: int | None = None,
+) -> Budget:
+    """The budget of one training process on ``host``.
+
+    Args:
+        host: cores, training processes on the host, available RAM and free ``/dev/shm``.
+        batch_bytes: bytes of one batch in host memory (``None``: memory is not budgeted, say so).
+        memory_share: share of available RAM for the in-flight batches of all processes on the host.
+        shm_share: share of free ``/dev/shm`` for them (worker batches pass through it).
+        max_workers: an extra cap on workers from the user.
+
+    Example:
+        Two processes on a 16-core host, 1 GB available, batches of 10 MB: 7 workers each, and 25 batches in
+        flight per process (500 MB of RAM shared by two processes).
+
+        >>> b = host_budget(HostFacts(16, 2, 1_000_000_000, None), 10_000_000, memory_share=0.5, shm_share=0.8)
+        >>> b.max_workers, b.max_in_flight, b.memory_bound
+        (7, 25, 'host_memory')
+    """
+    workers = worker_budget(host)
+    bound = CORES
+    if max_workers is not None and max_workers < workers:
+        workers, bound = max_workers, USER_CAP
+    limits: list[tuple[int, str]] = []
+    if host.available_ram_bytes is not None:
+        limits.append((int(host.available_ram_bytes * memory_share), HOST_MEMORY))
+    if host.shm_free_bytes is not None:
+        limits.append((int(host.shm_free_bytes * shm_share), SHM))
+    if batch_bytes is None or batch_bytes <= 0 or not limits:
+        return Budget(max_workers=workers, workers_bound=bound)
+    memory_bytes, memory_bound = min(limits)
+    per_batch_on_host = batch_bytes * max(1, host.processes_on_host)
+    return Budget(
+        max_workers=workers,
+        workers_bound=bound,
+        max_in_flight=memory_bytes // per_batch_on_host,
+        memory_bound=memory_bound,
+        memory_bytes=memory_bytes,
+    )

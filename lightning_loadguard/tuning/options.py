@@ -1,0 +1,93 @@
+"""What the auto-tuner may spend and change: :class:`TuneOptions`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PROBE_SHARE = 0.2
+"""Default share of epoch 0's steps that may run under probed (not yet proven) settings."""
+
+MEMORY_SHARE = 0.5
+"""Default share of the host's available RAM that in-flight batches of all its training processes may claim
+(tf.data's autotuner uses the same half)."""
+
+SHM_SHARE = 0.8
+"""Share of free ``/dev/shm`` that in-flight worker batches may claim: a full shm kills workers."""
+
+
+def _int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"TuneOptions.{name} must be {allowed}, got {value!r}")
+
+
+def _share(name: str, value: object, *, open_low: bool = True) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (0 < value <= 1 if open_low else 0 <= value <= 1)  # type: ignore[operator]
+    if not ok:
+        allowed = "a number in (0, 1]" if open_low else "a number in [0, 1]"
+        raise ValueError(f"TuneOptions.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Limits and knobs of ``LoadGuard(auto_tune=TuneOptions(...))``; ``auto_tune=True`` uses the defaults.
+
+    Args:
+        probe_share: share of epoch 0's steps that may run under settings still being probed (the user's
+            own settings, measured first, cost nothing). In (0, 1].
+        memory_share: share of the host's available RAM that the in-flight batches of *all* training
+            processes on the host may claim. In (0, 1].
+        shm_share: share of free ``/dev/shm`` those batches may claim (worker batches travel through it).
+            In (0, 1].
+        max_workers: a hard cap on ``num_workers`` (``None``: only the host's cores per process bound it).
+        max_prefetch: the deepest ``prefetch_factor`` tried. Integer >= 1.
+        warmup_steps: steps discarded after each switch while new workers start and the buffer settles.
+            Integer >= 1.
+        window_steps: steps of each measurement window. Integer >= 4.
+        min_gain: a candidate replaces the user's settings only when measured at least this much faster
+            (relative), so run-to-run noise never passes for an improvement. In [0, 1].
+        tune_persistent_workers: allow turning ``persistent_workers`` on when restarting workers each epoch
+            costs a measurable share of the epoch. With persistent workers torch draws the workers' base seed
+            once rather than each epoch, so from epoch 2 on the global random stream (and a
+            ``shuffle=True`` order drawn from it) differs from an untuned run; set ``False`` where that
+            matters.
+        persistent_min_share: the share of epoch time that worker start-up must cost before persistent
+            workers are chosen. In [0, 1].
+
+    Example:
+        >>> TuneOptions(probe_share=0.1, memory_share=0.25).probe_share
+        0.1
+        >>> TuneOptions(window_steps=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: TuneOptions.window_steps must be an integer >= 4, got 2
+    """
+
+    probe_share: float = PROBE_SHARE
+    memory_share: float = MEMORY_SHARE
+    shm_share: float = SHM_SHARE
+    max_workers: int | None = None
+    max_prefetch: int = 8
+    warmup_steps: int = 4
+    window_steps: int = 12
+    min_gain: float = 0.05
+    tune_persistent_workers: bool = True
+    persistent_min_share: float = 0.02
+
+    def __post_init__(self) -> None:
+        _share("probe_share", self.probe_share)
+        _share("memory_share", self.memory_share)
+        _share("shm_share", self.shm_share)
+        if self.max_workers is not None:
+            _int("max_workers", self.max_workers, 0)
+        _int("max_prefetch", self.max_prefetch, 1)
+        _int("warmup_steps", self.warmup_steps, 1)
+        _int("window_steps", self.window_steps, 4)
+        _share("min_gain", self.min_gain, open_low=False)
+        if not isinstance(self.tune_persistent_workers, bool):
+            raise ValueError(
+                f"TuneOptions.tune_persistent_workers must be True or False, got {self.tune_persistent_workers!r}"
+            )
+        _share("persistent_min_share", self.persistent_min_share, open_low=False)

@@ -1,0 +1,371 @@
+"""The tuner's plan: which setting to measure next, when to stop, and what to keep.
+
+Plain Python, driven by measurements, so that every choice can be replayed in a unit test. The model in
+:mod:`lightning_loadguard.model` proposes (workers by Little's law, prefetch depth by buffer replay); the
+measurements decide. The user's own setting is measured first and is kept unless a candidate is measured
+faster by at least ``TuneOptions.min_gain``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch, workers_needed
+from lightning_loadguard.tuning.budget import Budget
+from lightning_loadguard.tuning.decision import CandidateResult, Measurement, Setting, TuneDecision
+from lightning_loadguard.tuning.options import TuneOptions
+
+AT_COMPUTE_RATE = 0.95
+"""A setting whose sustained rate is within 5 % of the consumer's rate leaves nothing to gain from data."""
+
+PROBE_BUDGET = "probe_budget"
+
+
+@dataclass
+class _Proposal:
+    setting: Setting
+    note: str
+    bound: str | None = None
+
+
+class Planner:
+    """Chooses the settings to probe, one window at a time, and makes the decision.
+
+    Call :meth:`record` with each window's (rank-combined) measurement of :attr:`current`; it returns the
+    next setting to measure, or ``None`` when done; then :meth:`decide`.
+
+    Args:
+        original: the user's settings (measured first).
+        budget: the host budget of one training process.
+        options: probe limits and thresholds.
+        epoch_steps: steps in epoch 0 (the probe budget is a share of it).
+        pinning_helps: an accelerator exists that pinned host memory speeds transfers to.
+
+    Example:
+        An I/O-bound loader with 1 worker making a batch in 40 ms, and a 10 ms step:
+
+        >>> from lightning_loadguard.tuning.budget import Budget
+        >>> p = Planner(Setting(1, 2), Budget(7, "cores"), TuneOptions(), epoch_steps=400)
+        >>> p.record(Measurement(steps=12, elapsed_s=0.48, made=12, mean_step_s=0.01, mean_production_s=0.04))
+        Setting(num_workers=5, prefetch_factor=2, pin_memory=False, persistent_workers=False)
+    """
+
+    def __init__(
+        self,
+        original: Setting,
+        budget: Budget,
+        options: TuneOptions,
+        epoch_steps: int,
+        *,
+        pinning_helps: bool = False,
+    ) -> None:
+        self.original = original
+        self.budget = budget
+        self.options = options
+        self.epoch_steps = epoch_steps
+        self.pinning_helps = pinning_helps
+        self.budget_steps = math.floor(options.probe_share * epoch_steps)
+        self.window = options.warmup_steps + options.window_steps
+        self.current = original
+        self.current_note = "your settings"
+        self.results: list[CandidateResult] = []
+        self.measurements: dict[Setting, Measurement] = {}
+        self.probe_steps = 0
+        self.probe_time_s = 0.0
+        self._bounds: set[str] = set()
+        self._ran_out = False
+
+    # -- schedule --------------------------------------------------------------------------------------
+
+    def can_start(self) -> bool:
+        """Whether epoch 0 is long enough to measure the user's setting and at least one candidate."""
+        return self.window <= self.budget_steps and 2 * self.window <= self.epoch_steps
+
+    def record(self, measurement: Measurement) -> Setting | None:
+        """Store the window of :attr:`current`; return the next setting to measure (``None``: decide now)."""
+        setting = self.current
+        producer = self._producer_rate(setting, measurement)
+        self.results.append(
+            CandidateResult(
+                setting=setting,
+                rate=None if measurement.failed else measurement.sustained_rate,
+                producer_rate=None if measurement.failed else producer,
+                steps=self.window,
+                failed=measurement.failed,
+                note=self.current_note,
+            )
+        )
+        if setting != self.original:
+            self.probe_steps += self.window
+            self.probe_time_s += measurement.elapsed_s
+        if not measurement.failed:
+            self.measurements[setting] = measurement
+        elif setting == self.original:
+            return None  # the user's own setting failing is the user's error to see, not ours to tune around
+        proposal = self._propose()
+        if proposal is None:
+            return None
+        if self.probe_steps + self.window > self.budget_steps:
+            self._ran_out = True
+            return None
+        if proposal.bound:
+            self._bounds.add(proposal.bound)
+        self.current, self.current_note = proposal.setting, proposal.note
+        return proposal.setting
+
+    # -- proposals -------------------------------------------------------------------------------------
+
+    def _producer_rate(self, setting: Setting, m: Measurement) -> float | None:
+        if m.mean_production_s is None or m.mean_production_s <= 0:
+            return None
+        return max(1, setting.num_workers) / m.mean_production_s
+
+    @property
+    def _baseline(self) -> Measurement | None:
+        return self.measurements.get(self.original)
+
+    def _best(self) -> tuple[Setting, Measurement] | None:
+        if not self.measurements:
+            return None
+        return max(self.measurements.items(), key=lambda item: item[1].sustained_rate)
+
+    def _tried(self, setting: Setting) -> bool:
+        return any(r.setting == setting for r in self.results)
+
+    def _consumer_rate(self) -> float:
+        # The shortest measured step is the loop's compute; longer ones include stalls behind contention.
+        steps = [m.mean_step_s for m in self.measurements.values() if m.mean_step_s > 0]
+        return 1.0 / min(steps) if steps else math.inf
+
+    def _propose(self) -> _Proposal | None:
+        base = self._baseline
+        best = self._best()
+        if base is None or best is None:
+            return None
+        consumer = self._consumer_rate()
+        best_setting, best_m = best
+        if best_m.sustained_rate >= AT_COMPUTE_RATE * consumer:
+            return self._pinning(best_setting)
+        last = self.results[-1].setting
+        last_m = self.measurements.get(last)
+        if (
+            last_m is not None
+            and last_m.sustained_rate < best_m.sustained_rate
+            and last.num_workers > (best_setting.num_workers)
+        ):
+            # More workers measured slower (contention): look between the best and the last.
+            middle = (best_setting.num_workers + last.num_workers) // 2
+            if middle not in (best_setting.num_workers, last.num_workers):
+                proposal = self._with_workers(best_setting, middle, best_m, "between the best and a slower one")
+                if proposal is not None and not self._tried(proposal.setting):
+                    return proposal
+            return self._deeper(best_setting, best_m, consumer) or self._pinning(best_setting)
+        target = self._workers_for(best_setting, best_m, consumer)
+        if (
+            target is not None
+            and target.setting.num_workers > best_setting.num_workers
+            and not self._tried(target.setting)
+        ):
+            return target
+        return self._deeper(best_setting, best_m, consumer) or self._pinning(best_setting)
+
+    def _workers_for(self, setting: Setting, m: Measurement, consumer: float) -> _Proposal | None:
+        """Little's law on the measured production time: the workers that keep up with the consumer."""
+        if m.mean_production_s is None or not math.isfinite(consumer):
+            # Without producer metering, double the workers and let the measurement judge.
+            wanted = max(1, 2 * setting.num_workers)
+            note = "double the workers (producer not metered)"
+        else:
+            wanted = workers_needed(m.mean_production_s, consumer)
+            note = f"Little's law: {m.mean_production_s * 1e3:.1f} ms/batch at {consumer:.1f} steps/s"
+            if wanted <= setting.num_workers:
+                # The model says enough, yet the loop waits: the per-batch time grew with contention; one more.
+                wanted = setting.num_workers + 1
+                note = "one more worker (measured rate below the model's)"
+        return self._with_workers(setting, wanted, m, note)
+
+    def _with_workers(self, setting: Setting, workers: int, m: Measurement, note: str) -> _Proposal | None:
+        bound = None
+        if workers > self.budget.max_workers:
+            workers, bound = self.budget.max_workers, self.budget.workers_bound
+        if workers < 1:
+            return None
+        prefetch = setting.prefetch_factor or 2
+        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch)
+        while workers >= 1 and deepest < 1:
+            workers -= 1
+            bound = self.budget.memory_bound
+            deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch) if workers else 0
+        if workers < 1:
+            return None
+        if prefetch > deepest:
+            prefetch, bound = deepest, self.budget.memory_bound
+        return _Proposal(replace(setting, num_workers=workers, prefetch_factor=prefetch), note, bound)
+
+    def _deeper(self, setting: Setting, m: Measurement, consumer: float) -> _Proposal | None:
+        """A deeper buffer, where the producer keeps up on average but bursts still stall the loop."""
+        if setting.num_workers < 1 or not m.production_profile or not m.step_profile:
+            return None
+        if has_deficit(m.production_profile, m.step_profile, setting.num_workers):
+            return None  # a buffer postpones a deficit, never removes it
+        advice = recommend_prefetch(
+            m.production_profile,
+            m.step_profile,
+            num_workers=setting.num_workers,
+            deep_prefetch=self.options.max_prefetch,
+        )
+        current = setting.prefetch_factor or 2
+        wanted = max(current + 1, advice.prefetch_factor) if advice is not None else 2 * current
+        deepest = self.budget.deepest_prefetch(setting.num_workers, self.options.max_prefetch)
+        bound = None
+        if wanted > deepest:
+            wanted = deepest
+            bound = self.budget.memory_bound if deepest < self.options.max_prefetch else None
+        if wanted <= current:
+            if bound:
+                self._bounds.add(bound)
+            return None
+        proposal = _Proposal(replace(setting, prefetch_factor=wanted), "deeper buffer for bursts (replay)", bound)
+        return None if self._tried(proposal.setting) else proposal
+
+    def _pinning(self, setting: Setting) -> _Proposal | None:
+        if not self.pinning_helps or setting.pin_memory or setting.num_workers < 1:
+            return None
+        proposal = _Proposal(replace(setting, pin_memory=True), "pinned memory for faster transfers")
+        return None if self._tried(proposal.setting) else proposal
+
+    # -- decision --------------------------------------------------------------------------------------
+
+    def decide(self, *, startup_s: float | None = None, map_style: bool = True) -> TuneDecision:
+        """The setting to keep: the fastest measured one if it beats the user's by ``min_gain``."""
+        base = self._baseline
+        best = self._best()
+        if base is None or best is None:
+            return self._kept("not_tuned", "the user's setting could not be measured", None)
+        consumer = self._consumer_rate()
+        before = base.sustained_rate
+        best_setting, best_m = best
+        chosen, after = self.original, before
+        if best_setting != self.original and best_m.sustained_rate >= before * (1 + self.options.min_gain):
+            chosen, after = best_setting, best_m.sustained_rate
+        bounded_by = self._bounded_by(chosen)
+        deficit = max(0.0, 1.0 - after / consumer) if math.isfinite(consumer) else 0.0
+        if deficit < 1 - AT_COMPUTE_RATE:
+            deficit = 0.0
+        if chosen == self.original:
+            if before >= AT_COMPUTE_RATE * consumer:
+                verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
+            else:
+                verdict = "no_gain"
+                reason = (
+                    f"no candidate measured at least {self.options.min_gain:.0%} faster; your settings are kept, "
+                    f"and {deficit:.0%} of the step rate is still lost to data wait"
+                )
+        else:
+            verdict = "improved"
+            reason = f"{after / before:.2f}x the steps/s of your settings"
+            if deficit > 0:
+                reason += f"; {deficit:.0%} of the step rate is still lost to data wait"
+        if bounded_by and deficit > 0:
+            reason += f" (bounded by {bounded_by})"
+        persistent = chosen.persistent_workers or self._persistent(chosen, after, startup_s, map_style)
+        cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
+        return TuneDecision(
+            num_workers=chosen.num_workers,
+            prefetch_factor=chosen.prefetch_factor if chosen.num_workers > 0 else None,
+            persistent_workers=persistent,
+            pin_memory=chosen.pin_memory,
+            throughput_before=before,
+            throughput_after=after,
+            bounded_by=bounded_by,
+            verdict=verdict,
+            remaining_deficit=deficit,
+            reason=reason,
+            original=self.original,
+            candidates=tuple(self.results),
+            probe_steps=self.probe_steps,
+            probe_budget_steps=self.budget_steps,
+            probe_cost_s=cost,
+        )
+
+    def _bounded_by(self, chosen: Setting) -> str | None:
+        for name in (self.budget.workers_bound, self.budget.memory_bound):
+            if name in self._bounds:
+                return name
+        return PROBE_BUDGET if self._ran_out else None
+
+    def _persistent(self, chosen: Setting, rate: float, startup_s: float | None, map_style: bool) -> bool:
+        """Keep workers across epochs when starting them costs a measurable share of an epoch."""
+        if not (self.options.tune_persistent_workers and map_style and chosen.num_workers > 0):
+            return False
+        if startup_s is None or rate <= 0:
+            return False
+        epoch_s = self.epoch_steps / rate
+        return startup_s >= self.options.persistent_min_share * epoch_s
+
+    def _kept(self, verdict: str, reason: str, before: float | None) -> TuneDecision:
+        o = self.original
+        return TuneDecision(
+            num_workers=o.num_workers,
+            prefetch_factor=o.prefetch_factor,
+            persistent_workers=o.persistent_workers,
+            pin_memory=o.pin_memory,
+            throughput_before=before,
+            throughput_after=before,
+            verdict=verdict,
+            reason=reason,
+            original=o,
+            candidates=tuple(self.results),
+            probe_steps=self.probe_steps,
+            probe_budget_steps=self.budget_steps,
+        )
+
+
+def model_only_decision(
+    original: Setting, budget: Budget, options: TuneOptions, measurement: Measurement, reason: str
+) -> TuneDecision:
+    """A decision without probing, where restarting the loader mid-epoch is unsafe (an iterable dataset).
+
+    Only the buffer depth may change (more workers would each replay an unsharded dataset): the depth the
+    buffer replay recommends for the measured times, applied from the next epoch.
+    """
+    result = CandidateResult(original, measurement.sustained_rate, None, measurement.steps, None, "your settings")
+    kept = TuneDecision(
+        num_workers=original.num_workers,
+        prefetch_factor=original.prefetch_factor,
+        persistent_workers=original.persistent_workers,
+        pin_memory=original.pin_memory,
+        throughput_before=measurement.sustained_rate,
+        throughput_after=measurement.sustained_rate,
+        verdict="model_only",
+        reason=reason + "; the settings are kept",
+        original=original,
+        candidates=(result,),
+    )
+    if original.num_workers < 1 or not measurement.production_profile or not measurement.step_profile:
+        return kept
+    advice = recommend_prefetch(
+        measurement.production_profile,
+        measurement.step_profile,
+        num_workers=original.num_workers,
+        deep_prefetch=options.max_prefetch,
+    )
+    current = original.prefetch_factor or 2
+    if advice is None:
+        return replace(
+            kept,
+            reason=reason + "; the producer is slower than the loop on average, which no buffer "
+            "depth fixes; the settings are kept",
+        )
+    deepest = budget.deepest_prefetch(original.num_workers, options.max_prefetch)
+    wanted = min(advice.prefetch_factor, deepest)
+    if wanted <= current:
+        return kept
+    return replace(
+        kept,
+        prefetch_factor=wanted,
+        throughput_after=None,
+        bounded_by=budget.memory_bound if wanted < advice.prefetch_factor else None,
+        reason=reason + f"; prefetch_factor {current} -> {wanted} (buffer replay), from the next epoch",
+    )
