@@ -63,6 +63,36 @@ class Budget:
         return max(0, min(ceiling, self.max_in_flight // num_workers))
 
 
+WORKERS_PER_CORE = 8
+"""Most workers per spare core even when they barely use CPU (waiting on I/O): each is a process with its
+own copy of the dataset objects it touches."""
+
+SATURATED = 0.9
+"""Workers using this share of the spare cores already are taken to be CPU-bound: no more are allowed."""
+
+
+def cpu_worker_cap(num_workers: int, worker_cores: float, spare_cores: float) -> int:
+    """Workers that fit the spare cores, scaling the cores ``num_workers`` workers were measured to use.
+
+    A worker waiting on I/O uses a sliver of a core, so the cores of a process can carry more of them than
+    it has cores; CPU-bound workers get one core each. Measured use grows linearly with workers until the
+    cores saturate; at saturation (contended workers each use less) the measured count is the cap.
+
+    Example:
+        >>> cpu_worker_cap(2, worker_cores=0.1, spare_cores=1.5)  # I/O-bound: 0.05 cores each
+        12
+        >>> cpu_worker_cap(2, worker_cores=1.45, spare_cores=1.5)  # the spare cores are saturated
+        2
+    """
+    ceiling = max(1, int(WORKERS_PER_CORE * spare_cores))
+    if num_workers < 1 or spare_cores <= 0:
+        return 0
+    if worker_cores >= SATURATED * spare_cores:
+        return num_workers
+    per_worker = max(worker_cores / num_workers, 1.0 / WORKERS_PER_CORE)
+    return max(num_workers, min(ceiling, int(spare_cores / per_worker)))
+
+
 def host_budget(
     host: HostFacts,
     batch_bytes: int | None,
@@ -70,6 +100,9 @@ def host_budget(
     memory_share: float,
     shm_share: float,
     max_workers: int | None = None,
+    measured_workers: int = 0,
+    worker_cores: float | None = None,
+    loop_cores: float | None = None,
 ) -> Budget:
     """The budget of one training process on ``host``.
 
@@ -79,6 +112,10 @@ def host_budget(
         memory_share: share of available RAM for the in-flight batches of all processes on the host.
         shm_share: share of free ``/dev/shm`` for them (worker batches pass through it).
         max_workers: an extra cap on workers from the user.
+        measured_workers: workers running when ``worker_cores`` was measured.
+        worker_cores: cores those workers used; with ``loop_cores`` (the training process's own use) it
+            lets workers that wait on I/O share cores (see :func:`cpu_worker_cap`).
+        loop_cores: cores the training process used.
 
     Example:
         Two processes on a 16-core host, 1 GB available, batches of 10 MB: 7 workers each, and 25 batches in
@@ -90,6 +127,9 @@ def host_budget(
     """
     workers = worker_budget(host)
     bound = CORES
+    if measured_workers > 0 and worker_cores is not None and loop_cores is not None:
+        spare = host.cores_per_process - loop_cores
+        workers = max(workers, cpu_worker_cap(measured_workers, worker_cores, spare))
     if max_workers is not None and max_workers < workers:
         workers, bound = max_workers, USER_CAP
     limits: list[tuple[int, str]] = []

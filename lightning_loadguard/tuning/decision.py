@@ -64,6 +64,8 @@ class Measurement:
         step_profile: the latest step times, in order.
         startup_s: seconds the switch to this setting took (shutting workers down, starting new ones).
         failed: why the setting failed (a worker crash, shared memory exhausted), or ``None``.
+        worker_cores: cores the loader's worker processes used on average (CPU seconds per second).
+        loop_cores: cores the training process itself used on average.
     """
 
     steps: int
@@ -75,6 +77,8 @@ class Measurement:
     step_profile: tuple[float, ...] = ()
     startup_s: float = 0.0
     failed: str | None = None
+    worker_cores: float | None = None
+    loop_cores: float | None = None
 
     @property
     def sustained_rate(self) -> float:
@@ -126,6 +130,8 @@ class Measurement:
             step_profile=min(ranks, key=lambda m: m.mean_step_s).step_profile,
             startup_s=max(m.startup_s for m in ranks),
             failed=failures[0] if failures else None,
+            worker_cores=_max_known([m.worker_cores for m in ranks]),
+            loop_cores=_max_known([m.loop_cores for m in ranks]),
         )
 
     def to_vector(self) -> list[float]:
@@ -138,13 +144,15 @@ class Measurement:
             -1.0 if self.mean_production_s is None else self.mean_production_s,
             self.startup_s,
             1.0 if self.failed else 0.0,
+            -1.0 if self.worker_cores is None else self.worker_cores,
+            -1.0 if self.loop_cores is None else self.loop_cores,
             *_padded(self.production_profile),
             *_padded(self.step_profile),
         ]
 
     @classmethod
     def from_vector(cls, row: list[float], failed: str = "failed on another rank") -> Measurement:
-        head, production, steps = row[:7], row[7 : 7 + PROFILE_LENGTH], row[7 + PROFILE_LENGTH :]
+        head, production, steps = row[:9], row[9 : 9 + PROFILE_LENGTH], row[9 + PROFILE_LENGTH :]
         return cls(
             steps=int(head[0]),
             elapsed_s=head[1],
@@ -155,7 +163,14 @@ class Measurement:
             step_profile=tuple(v for v in steps if v >= 0),
             startup_s=head[5],
             failed=failed if head[6] > 0 else None,
+            worker_cores=None if head[7] < 0 else head[7],
+            loop_cores=None if head[8] < 0 else head[8],
         )
+
+
+def _max_known(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _same_loader(a: Setting, b: Setting) -> bool:

@@ -106,6 +106,11 @@ class Planner:
         proposal = self._propose()
         if proposal is None:
             return None
+        broken = self.budget.allows(proposal.setting.num_workers, proposal.setting.prefetch_factor)
+        if broken is not None:
+            # Only a variant of a setting already over budget (the user's own) can get here: never probe it.
+            self._bounds.add(broken)
+            return None
         if self.probe_steps + self.window > self.budget_steps:
             self._ran_out = True
             return None
@@ -249,10 +254,10 @@ class Planner:
         chosen, after = self.original, before
         if best_setting != self.original and best_m.sustained_rate >= before * (1 + self.options.min_gain):
             chosen, after = best_setting, best_m.sustained_rate
-        bounded_by = self._bounded_by(chosen)
         deficit = max(0.0, 1.0 - after / consumer) if math.isfinite(consumer) else 0.0
         if deficit < 1 - AT_COMPUTE_RATE:
             deficit = 0.0
+        bounded_by = self._bounded_by(chosen, deficit)
         if chosen == self.original:
             if before >= AT_COMPUTE_RATE * consumer:
                 verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
@@ -289,10 +294,14 @@ class Planner:
             probe_cost_s=cost,
         )
 
-    def _bounded_by(self, chosen: Setting) -> str | None:
-        for name in (self.budget.workers_bound, self.budget.memory_bound):
-            if name in self._bounds:
-                return name
+    def _bounded_by(self, chosen: Setting, deficit: float) -> str | None:
+        """The budget that stopped the search short of the compute rate, if any."""
+        if deficit <= 0:
+            return None
+        if chosen.num_workers >= self.budget.max_workers:
+            return self.budget.workers_bound
+        if self.budget.memory_bound in self._bounds:
+            return self.budget.memory_bound
         return PROBE_BUDGET if self._ran_out else None
 
     def _persistent(self, chosen: Setting, rate: float, startup_s: float | None, map_style: bool) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
@@ -39,6 +40,24 @@ def setting_of(loader: DataLoader) -> Setting:
         pin_memory=bool(loader.pin_memory),
         persistent_workers=bool(loader.persistent_workers),
     )
+
+
+def _worker_cpu_seconds(trainer: Any) -> float | None:
+    """CPU seconds used so far by the worker processes of the iterator the trainer fetches from."""
+    iterator, _ = access.train_iterator(trainer)
+    if isinstance(iterator, _ProbeIterator):
+        iterator = iterator.inner
+    workers = getattr(iterator, "_workers", None)
+    if not workers:
+        return None
+    total = 0.0
+    try:
+        for worker in workers:
+            times = psutil.Process(worker.pid).cpu_times()
+            total += times.user + times.system
+    except (psutil.Error, AttributeError, TypeError):
+        return None
+    return total
 
 
 class _ProbeIterator:
@@ -104,6 +123,8 @@ class TuningSession:
         self._startup_s = 0.0
         self._fault: str | None = None
         self._budget: Budget | None = None
+        self._cpu_start: tuple[float, float | None] = (0.0, None)
+        self._cpu_evidence: tuple[int, float, float] | None = None
 
     # -- Lightning hooks -------------------------------------------------------------------------------
 
@@ -155,6 +176,7 @@ class TuningSession:
         if self._step == warmup:
             self.guard._producer.poll()
             self._window_start = (time.perf_counter(), self.guard._producer.total_batches)
+            self._cpu_start = (time.process_time(), _worker_cpu_seconds(trainer))
         elif self._step == warmup + self.options.window_steps:
             self._end_window(trainer)
 
@@ -178,6 +200,11 @@ class TuningSession:
         metered = self.guard._producer_instrumented
         records = self.guard._consumer.records()[-self.options.window_steps :]
         steps = [r.step_s for r in records]
+        loop_cpu, workers_cpu = time.process_time(), _worker_cpu_seconds(trainer)
+        elapsed = now - start
+        worker_cores = None
+        if workers_cpu is not None and self._cpu_start[1] is not None and elapsed > 0:
+            worker_cores = (workers_cpu - self._cpu_start[1]) / elapsed
         durations = list(producer.durations())[-max(self.options.window_steps, 1) :] if metered else []
         local = Measurement(
             steps=self.options.window_steps,
@@ -189,8 +216,18 @@ class TuningSession:
             step_profile=profile(steps),
             startup_s=self._startup_s,
             failed=self._fault,
+            worker_cores=worker_cores,
+            loop_cores=(loop_cpu - self._cpu_start[0]) / elapsed if elapsed > 0 else None,
         )
         combined = self._combine(trainer, local)
+        workers = self._planner.current.num_workers
+        if (
+            not combined.failed
+            and workers > 0
+            and combined.worker_cores is not None
+            and combined.loop_cores is not None
+        ):
+            self._cpu_evidence = (workers, combined.worker_cores, combined.loop_cores)
         planner = self._planner
         # The batch size is known once a batch went by: the memory budget can be set now.
         planner.budget = self._budget = self._host_budget(trainer)
@@ -384,12 +421,16 @@ class TuningSession:
     def _host_budget(self, trainer: Any) -> Budget:
         processes = max(int(getattr(trainer, "num_devices", 1) or 1), int(self.guard._processes_on_host))
         batch_bytes = self.guard._batch_bytes
+        workers, worker_cores, loop_cores = self._cpu_evidence or (0, None, None)
         return host_budget(
             host_facts(processes),
             batch_bytes,
             memory_share=self.options.memory_share,
             shm_share=self.options.shm_share,
             max_workers=self.options.max_workers,
+            measured_workers=workers,
+            worker_cores=worker_cores,
+            loop_cores=loop_cores,
         )
 
     def _say(self, message: str) -> None:
