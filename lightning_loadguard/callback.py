@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard.dashboard import custom_scalars_layout
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from lightning_loadguard.tuning.session import TuneDecision, TuneOptions, TuningSession
 
 _NAN = float("nan")
+_PRODUCER_WINDOWS = 4
 
 
 def _settings_of(loader: Any) -> LoaderSettings:
@@ -42,17 +43,24 @@ def _settings_of(loader: Any) -> LoaderSettings:
     )
 
 
+def _print_on_rank_zero(trainer: Any, text: str) -> None:
+    # Printed, not logged: Python's logging shows INFO only where the user configured it.
+    if trainer.global_rank == 0:
+        print(text, flush=True)
+
+
 class LoadGuard(_pl.Callback):
     """Measures what limits training: the wait for data, the loader's capacity and the host's budgets.
 
     Add it to any Trainer; nothing else changes. Every ``log_every_n_steps`` it logs, on Lightning's own
-    step axis and over a rolling window of ``window`` steps, the metrics listed in
+    step axis and over a rolling window of ``window`` steps (producer capacity over the last
+    ``4 x window`` batches made), the metrics listed in
     :data:`lightning_loadguard.dashboard.METRICS` to every logger of the trainer. With a
     ``TensorBoardLogger`` it also adds a ready-made Custom Scalars dashboard. At the end of fit it prints a
     summary (also without any logger).
 
     Args:
-        window: steps (and produced batches) in the rolling window the figures are computed over.
+        window: steps in the rolling window the figures are computed over.
         log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``.
         print_summary: print the summary table at the end of fit (on global rank 0).
 
@@ -93,7 +101,9 @@ class LoadGuard(_pl.Callback):
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
         self._consumer = ConsumerMeter(window)
-        self._producer = ProducerMeter(window)
+        # Production is averaged over more batches than the steps' window: a burst every few dozen batches
+        # would otherwise swing the capacity by a burst's share of the window.
+        self._producer = ProducerMeter(_PRODUCER_WINDOWS * window)
         self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._consumer.fetch_observed)
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
@@ -257,8 +267,8 @@ class LoadGuard(_pl.Callback):
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)
-            if self.print_summary and trainer.global_rank == 0 and self.diagnosis is not None:
-                rank_zero_info(f"LoadGuard after the first epoch:\n{self.diagnosis.to_text()}")
+            if self.print_summary and self.diagnosis is not None:
+                _print_on_rank_zero(trainer, f"LoadGuard after the first epoch:\n{self.diagnosis.to_text()}")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # The closing figures, on every rank (the ranks' figures are combined collectively).
@@ -268,7 +278,7 @@ class LoadGuard(_pl.Callback):
         if self.print_summary and trainer.global_rank == 0:
             summary = self._guarded("printing the summary", self.summary)
             if summary:
-                rank_zero_info(summary)
+                _print_on_rank_zero(trainer, summary)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tuner": self._tuner.state_dict()} if self._tuner is not None else {}
@@ -389,15 +399,16 @@ class LoadGuard(_pl.Callback):
         steps_per_epoch = int(batches) if math.isfinite(batches) and batches > 0 else None
         self.diagnosis = diagnose(snapshot, tuple(self._history), steps_per_epoch=steps_per_epoch)
         # Earlier windows feed the sustained rates; only whole, non-overlapping ones, so no step counts twice.
+        # Their production times are left out: the current window already spans several steps' windows.
         if self._consumer.total_steps - self._history_steps >= self.window:
-            self._history.append(snapshot)
+            self._history.append(replace(snapshot, production_s=(), production_cpu_s=()))
             self._history_steps = self._consumer.total_steps
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
         assert self.diagnosis is not None
         text = self.diagnosis.to_text()
-        if trainer.global_rank == 0 and self.diagnosis.draining is not None:
-            rank_zero_info(f"LoadGuard: {self.diagnosis.draining.summary()}")
+        if self.diagnosis.draining is not None:
+            _print_on_rank_zero(trainer, f"LoadGuard: {self.diagnosis.draining.summary()}")
         for logger in trainer.loggers:
             experiment = getattr(logger, "experiment", None)
             if type(logger).__name__ == "TensorBoardLogger" and hasattr(experiment, "add_text"):
