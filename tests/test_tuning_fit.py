@@ -1,0 +1,169 @@
+"""Auto-tuning inside real Trainer fits: order, never worse, budgets, resume, iterable datasets and faults."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lightning_loadguard._lightning import pl
+from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.meters.host import host_facts
+from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.tuning import session as session_module
+from lightning_loadguard.tuning.session import TuneOptions
+
+FAST = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+
+
+def fit(
+    loader: DataLoader,
+    tune: bool | TuneOptions,
+    *,
+    step_s: float = 0.004,
+    epochs: int = 2,
+    callbacks: list[Any] | None = None,
+    ckpt_path: str | None = None,
+    root: Path | None = None,
+) -> tuple[list[int], LoadGuard, Any]:
+    pl.seed_everything(11, verbose=False)
+    guard = LoadGuard(print_summary=False, auto_tune=tune)
+    module = TimedModule(step_s=step_s)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=[guard, *(callbacks or [])],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=root,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return module.seen, guard, trainer
+
+
+def io_bound(workers: int = 1, length: int = 480, **kwargs: Any) -> DataLoader:
+    """A loader that makes a batch in 12 ms per worker, against a 4 ms step: workers help."""
+    pl.seed_everything(11, verbose=False)
+    return timed_loader(TimedDataset(length, sample_s=0.003), batch_size=4, num_workers=workers, shuffle=True, **kwargs)
+
+
+def test_epochs_see_the_untuned_order_while_settings_switch() -> None:
+    untuned, _, _ = fit(io_bound(), False)
+    tuned, guard, trainer = fit(io_bound(), FAST)
+    decision = guard.decision
+    assert decision is not None and len(decision.candidates) >= 2  # settings really switched mid-epoch
+    assert decision.verdict == "improved" and decision.num_workers > 1
+    half = len(untuned) // 2
+    assert tuned[:half] == untuned[:half]
+    assert tuned[half:] == untuned[half:]
+    assert trainer.train_dataloader.num_workers == decision.num_workers
+    assert decision.probe_steps <= decision.probe_budget_steps == 24
+    assert decision.throughput_after is not None and decision.throughput_before is not None
+    assert decision.throughput_after >= decision.throughput_before * (1 + FAST.min_gain)
+
+
+def test_compute_bound_keeps_the_settings_and_says_so() -> None:
+    loader = timed_loader(TimedDataset(240, sample_s=0.0), batch_size=4, num_workers=0)
+    _, guard, trainer = fit(loader, FAST, step_s=0.006, epochs=1)
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "compute_bound", decision and decision.table()
+    assert len(decision.candidates) == 1 and decision.probe_steps == 0
+    assert trainer.train_dataloader.num_workers == 0
+
+
+def test_a_small_memory_budget_is_never_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch_bytes = 4 * (8 + 16 * 4)  # index (int64) and 16 float32 features per sample
+    small = 2 * 6 * batch_bytes  # with memory_share=0.5: six batches in flight
+
+    def tiny_host(processes: int = 1) -> HostFacts:
+        real = host_facts(processes)
+        return HostFacts(real.cpu_count, processes, available_ram_bytes=small, shm_free_bytes=None)
+
+    monkeypatch.setattr(session_module, "host_facts", tiny_host)
+    loader = timed_loader(TimedDataset(480, sample_s=0.01), batch_size=4, num_workers=1, shuffle=True)
+    _, guard, _ = fit(loader, FAST, step_s=0.002, epochs=1)
+    decision = guard.decision
+    assert decision is not None
+    assert all(c.setting.batches_in_flight <= 6 for c in decision.candidates), decision.table()
+    assert decision.setting.batches_in_flight <= 6
+    assert decision.bounded_by == "host_memory", decision.table()
+
+
+def test_the_decision_is_restored_and_applied_without_probing(tmp_path: Path) -> None:
+    _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
+    decision = first.decision
+    assert decision is not None and decision.num_workers > 1
+    path = str(tmp_path / "tuned.ckpt")
+    trainer.save_checkpoint(path)
+
+    class SettingsAtStart(pl.Callback):
+        workers: int | None = None
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.workers = trainer.train_dataloader.num_workers
+
+    seen_at_start = SettingsAtStart()
+    _, resumed, _ = fit(io_bound(), FAST, epochs=2, callbacks=[seen_at_start], ckpt_path=path, root=tmp_path)
+    assert resumed.decision == decision  # the stored one: no new candidates were probed
+    assert seen_at_start.workers == decision.num_workers
+
+
+class Unsharded(IterableDataset):
+    """Every worker replays the whole range: more workers would duplicate samples."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self):
+        for i in range(self.length):
+            yield torch.tensor(i), torch.zeros(16)
+
+
+def test_iterable_datasets_keep_their_workers() -> None:
+    loader = DataLoader(Unsharded(240), batch_size=4, num_workers=1)
+    seen, guard, trainer = fit(loader, FAST, epochs=2)
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "model_only"
+    assert decision.num_workers == 1 and trainer.train_dataloader.num_workers == 1
+    assert sorted(seen) == sorted(list(range(240)) * 2)  # nothing duplicated, nothing lost
+    assert "IterableDataset" in decision.reason
+
+    loader = DataLoader(Unsharded(240), batch_size=4, num_workers=0)
+    _, guard, _ = fit(loader, FAST, epochs=1)
+    assert guard.decision is None
+    assert any("IterableDataset" in note and "duplicate" in note for note in guard._said)
+
+
+class FailsUnderOtherWorkerCounts(TimedDataset):
+    """Raises in a worker whenever the loader runs with a worker count other than one (a probed setting)."""
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        if info is not None and info.num_workers != 1:
+            raise RuntimeError("simulated: unable to write to file </torch_123>: No space left on device")
+        return super().__getitem__(index)
+
+
+def test_a_failing_probe_reverts_and_no_sample_is_lost() -> None:
+    def loader() -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return DataLoader(FailsUnderOtherWorkerCounts(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
+
+    untuned, _, _ = fit(loader(), False)
+    tuned, guard, trainer = fit(loader(), FAST)
+    decision = guard.decision
+    assert decision is not None
+    failures = [c.failed for c in decision.candidates if c.failed]
+    assert failures and "No space left on device" in failures[0]
+    assert decision.num_workers == 1 and trainer.train_dataloader.num_workers == 1
+    assert tuned == untuned
