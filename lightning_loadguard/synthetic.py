@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 
-_SLEEP_OVERSHOOT_S = 0.0003
+_SLEEP_OVERSHOOT_S = 0.00012
 
 
 def _busy(seconds: float, spin: bool) -> None:
