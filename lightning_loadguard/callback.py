@@ -23,7 +23,7 @@ from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
 from lightning_loadguard.model.findings import Diagnosis
-from lightning_loadguard.report import format_summary
+from lightning_loadguard.report import format_summary, plain_text
 
 if TYPE_CHECKING:
     from lightning_loadguard.tuning.session import TuneDecision, TuneOptions, TuningSession
@@ -62,7 +62,11 @@ class LoadGuard(_pl.Callback):
     Args:
         window: steps in the rolling window the figures are computed over.
         log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``.
-        print_summary: print the summary table at the end of fit (on global rank 0).
+        print_summary: print the diagnosis after the first epoch and the summary table at the end of fit
+            (on global rank 0).
+        auto_tune: ``True``, a :class:`~lightning_loadguard.tuning.options.TuneOptions`, or ``False``: choose
+            the train loader's ``num_workers``, ``prefetch_factor``, ``persistent_workers`` (and ``pin_memory``
+            on an accelerator) during epoch 0; see ``docs/tuning.md``.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -268,7 +272,8 @@ class LoadGuard(_pl.Callback):
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)
             if self.print_summary and self.diagnosis is not None:
-                _print_on_rank_zero(trainer, f"LoadGuard after the first epoch:\n{self.diagnosis.to_text()}")
+                text = plain_text(self.diagnosis.to_text())
+                _print_on_rank_zero(trainer, f"LoadGuard after the first epoch:\n{text}")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         # The closing figures, on every rank (the ranks' figures are combined collectively).
@@ -433,5 +438,5 @@ class LoadGuard(_pl.Callback):
             notes=sorted(m for m in self._said if not m.startswith("disabled:")),
         )
         if self.diagnosis is not None:
-            text += "\n\n" + self.diagnosis.to_text()
+            text += "\n\n" + plain_text(self.diagnosis.to_text())
         return text

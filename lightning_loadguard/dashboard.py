@@ -14,6 +14,8 @@ METRICS: dict[str, str] = {
     "loadguard/ready_fraction": "share of fetches for which a batch was already waiting (0..1)",
     "loadguard/epoch_start_ms": "time to create the epoch's iterator: worker start-up (ms)",
     "loadguard/inflight_host_mb": "batch memory in flight on the host, summed over its training processes (MB)",
+    "loadguard/inflight_budget_fraction": "in-flight batch memory as a share of the host's tighter budget, "
+    "available RAM or free /dev/shm (0..1), the most loaded host",
     "loadguard/host_available_mb": "the host's available RAM (MB)",
     "loadguard/shm_free_mb": "free space on /dev/shm (MB)",
     "loadguard/transfer_ms": "mean time spent moving a batch to the device (ms)",
@@ -40,7 +42,11 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                 "Multiline",
                 ["loadguard/wait_fraction", "loadguard/ready_fraction", "loadguard/gpu_util"],
             ],
-            "In-flight batch memory vs host budget (MB)": [
+            "In-flight batch memory: share of the host budget (RAM or /dev/shm)": [
+                "Multiline",
+                ["loadguard/inflight_budget_fraction"],
+            ],
+            "In-flight batch memory and host budgets (MB)": [
                 "Multiline",
                 ["loadguard/inflight_host_mb", "loadguard/host_available_mb", "loadguard/shm_free_mb"],
             ],

@@ -38,6 +38,16 @@ def _plain_table(title: str, rows: Sequence[Sequence[str]], headers: Sequence[st
     return "\n".join(lines)
 
 
+def plain_text(markdown: str) -> str:
+    """The diagnosis's markdown (written for TensorBoard's text tab) as terminal text.
+
+    Example:
+        >>> plain_text("**Data path: bursty**")
+        'Data path: bursty'
+    """
+    return markdown.replace("**", "")
+
+
 class _NullFile:
     def write(self, _: str) -> int:
         return 0

@@ -130,6 +130,7 @@ def test_combine_ranks_takes_the_worst_rank_and_sums_per_host() -> None:
     assert out.worst_rank == 1
     assert out.metrics["loadguard/wait_fraction"] == 0.7
     assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
+    assert out.metrics["loadguard/inflight_budget_fraction"] == 4.0  # against host 1's 1 MB budget
     assert out.processes_on_host == 2
     assert "loadguard/gpu_util" not in out.metrics
     with pytest.raises(ValueError, match="rows"):

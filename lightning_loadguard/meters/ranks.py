@@ -69,6 +69,7 @@ def combine_ranks(rows: Sequence[Sequence[float]], this_rank: int = 0) -> RankSu
         metrics["loadguard/gpu_util"] = sum(utils) / len(utils)
 
     per_host: dict[float, float] = {}
+    budget_mb: dict[float, float] = {}
     ranks_per_host: dict[float, int] = {}
     for row in rows:
         key = row[index["host_key"]]
@@ -76,9 +77,17 @@ def combine_ranks(rows: Sequence[Sequence[float]], this_rank: int = 0) -> RankSu
         nbytes = row[index["inflight_bytes"]]
         if not math.isnan(nbytes):
             per_host[key] = per_host.get(key, 0.0) + nbytes
+        # Worker batches pass through /dev/shm and land in RAM: the tighter of the two bounds them.
+        budgets = [row[index[name]] for name in ("host_available_mb", "shm_free_mb")]
+        budgets = [value for value in budgets if not math.isnan(value)]
+        if budgets:
+            budget_mb[key] = min([budget_mb.get(key, math.inf), *budgets])
     inflight = max(per_host.values()) if per_host else None
     if inflight is not None:
         metrics["loadguard/inflight_host_mb"] = inflight / 1e6
+    shares = [per_host[key] / 1e6 / budget_mb[key] for key in per_host if budget_mb.get(key, 0) > 0]
+    if shares:
+        metrics["loadguard/inflight_budget_fraction"] = max(shares)
     for name in ("host_available_mb", "shm_free_mb"):
         values = [row[index[name]] for row in rows if not math.isnan(row[index[name]])]
         if values:
