@@ -27,6 +27,7 @@ def window(rate: float, step_s: float, production_s: float | None, *, made: int 
         mean_production_s=production_s,
         production_profile=(production_s,) * 8 if production_s else (),
         step_profile=(step_s,) * 8,
+        mean_wait_s=max(0.0, 1.0 / rate - step_s),
         **kw,
     )
 
@@ -196,6 +197,7 @@ def test_bursts_get_a_deeper_buffer() -> None:
         made=6,
         mean_step_s=0.01,
         mean_production_s=0.011,
+        mean_wait_s=0.004,
         production_profile=(0.002,) * 7 + (0.07,),
         step_profile=(0.01,) * 8,
     )

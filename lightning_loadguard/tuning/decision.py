@@ -64,6 +64,7 @@ class Measurement:
         step_profile: the latest step times, in order.
         startup_s: seconds the switch to this setting took (shutting workers down, starting new ones).
         failed: why the setting failed (a worker crash, shared memory exhausted), or ``None``.
+        mean_wait_s: mean data wait per step (the fetch, as the training loop saw it).
         worker_cores: cores the loader's worker processes used on average (CPU seconds per second).
         loop_cores: cores the training process itself used on average.
     """
@@ -77,6 +78,7 @@ class Measurement:
     step_profile: tuple[float, ...] = ()
     startup_s: float = 0.0
     failed: str | None = None
+    mean_wait_s: float = 0.0
     worker_cores: float | None = None
     loop_cores: float | None = None
 
@@ -96,6 +98,12 @@ class Measurement:
             return 0.0
         count = self.steps if self.made is None else min(self.steps, self.made)
         return count / self.elapsed_s
+
+    @property
+    def wait_share(self) -> float:
+        """Share of the loop's time spent waiting for data: the throughput a faster loader could win back."""
+        total = self.mean_wait_s + self.mean_step_s
+        return self.mean_wait_s / total if total > 0 else 0.0
 
     @property
     def consumer_rate(self) -> float:
@@ -130,6 +138,7 @@ class Measurement:
             step_profile=min(ranks, key=lambda m: m.mean_step_s).step_profile,
             startup_s=max(m.startup_s for m in ranks),
             failed=failures[0] if failures else None,
+            mean_wait_s=max(m.mean_wait_s for m in ranks),
             worker_cores=_max_known([m.worker_cores for m in ranks]),
             loop_cores=_max_known([m.loop_cores for m in ranks]),
         )
@@ -146,13 +155,14 @@ class Measurement:
             1.0 if self.failed else 0.0,
             -1.0 if self.worker_cores is None else self.worker_cores,
             -1.0 if self.loop_cores is None else self.loop_cores,
+            self.mean_wait_s,
             *_padded(self.production_profile),
             *_padded(self.step_profile),
         ]
 
     @classmethod
     def from_vector(cls, row: list[float], failed: str = "failed on another rank") -> Measurement:
-        head, production, steps = row[:9], row[9 : 9 + PROFILE_LENGTH], row[9 + PROFILE_LENGTH :]
+        head, production, steps = row[:10], row[10 : 10 + PROFILE_LENGTH], row[10 + PROFILE_LENGTH :]
         return cls(
             steps=int(head[0]),
             elapsed_s=head[1],
@@ -165,6 +175,7 @@ class Measurement:
             failed=failed if head[6] > 0 else None,
             worker_cores=None if head[7] < 0 else head[7],
             loop_cores=None if head[8] < 0 else head[8],
+            mean_wait_s=head[9],
         )
 
 

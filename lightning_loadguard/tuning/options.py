@@ -71,7 +71,7 @@ class TuneOptions:
     max_workers: int | None = None
     max_prefetch: int = 8
     warmup_steps: int = 4
-    window_steps: int = 12
+    window_steps: int = 24
     min_gain: float = 0.05
     tune_persistent_workers: bool = True
     persistent_min_share: float = 0.02

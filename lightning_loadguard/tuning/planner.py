@@ -16,8 +16,8 @@ from lightning_loadguard.tuning.budget import Budget
 from lightning_loadguard.tuning.decision import CandidateResult, Measurement, Setting, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 
-AT_COMPUTE_RATE = 0.95
-"""A setting whose sustained rate is within 5 % of the consumer's rate leaves nothing to gain from data."""
+NEGLIGIBLE_WAIT = 0.05
+"""A loop waiting for data less than 5 % of its time has nothing to gain from the loader (below noise)."""
 
 PROBE_BUDGET = "probe_budget"
 
@@ -150,7 +150,7 @@ class Planner:
             return None
         consumer = self._consumer_rate()
         best_setting, best_m = best
-        if best_m.sustained_rate >= AT_COMPUTE_RATE * consumer:
+        if _winnable(best_setting, best_m) < NEGLIGIBLE_WAIT:
             return self._pinning(best_setting)
         last = self.results[-1].setting
         last_m = self.measurements.get(last)
@@ -248,18 +248,17 @@ class Planner:
         best = self._best()
         if base is None or best is None:
             return self._kept("not_tuned", "the user's setting could not be measured", None)
-        consumer = self._consumer_rate()
         before = base.sustained_rate
         best_setting, best_m = best
         chosen, after = self.original, before
         if best_setting != self.original and best_m.sustained_rate >= before * (1 + self.options.min_gain):
             chosen, after = best_setting, best_m.sustained_rate
-        deficit = max(0.0, 1.0 - after / consumer) if math.isfinite(consumer) else 0.0
-        if deficit < 1 - AT_COMPUTE_RATE:
+        deficit = _winnable(chosen, base if chosen == self.original else best_m)
+        if deficit < NEGLIGIBLE_WAIT:
             deficit = 0.0
         bounded_by = self._bounded_by(chosen, deficit)
         if chosen == self.original:
-            if before >= AT_COMPUTE_RATE * consumer:
+            if _winnable(self.original, base) < NEGLIGIBLE_WAIT:
                 verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
             else:
                 verdict = "no_gain"
@@ -329,6 +328,18 @@ class Planner:
             probe_steps=self.probe_steps,
             probe_budget_steps=self.budget_steps,
         )
+
+
+def _winnable(setting: Setting, m: Measurement) -> float:
+    """Share of the loop's time a faster loader could win back.
+
+    The measured wait also holds the loop's own fetch overhead, which no loader setting removes. Without
+    workers the batch is made inside the wait, so what workers could hide is at most the production time.
+    """
+    if setting.num_workers == 0 and m.mean_production_s is not None:
+        production = m.mean_production_s
+        return min(m.wait_share, production / (production + m.mean_step_s)) if production > 0 else 0.0
+    return m.wait_share
 
 
 def model_only_decision(

@@ -200,6 +200,7 @@ class TuningSession:
         metered = self.guard._producer_instrumented
         records = self.guard._consumer.records()[-self.options.window_steps :]
         steps = [r.step_s for r in records]
+        waits = [r.wait_s for r in records]
         loop_cpu, workers_cpu = time.process_time(), _worker_cpu_seconds(trainer)
         elapsed = now - start
         worker_cores = None
@@ -216,18 +217,19 @@ class TuningSession:
             step_profile=profile(steps),
             startup_s=self._startup_s,
             failed=self._fault,
+            mean_wait_s=mean_or_none(waits) or 0.0,
             worker_cores=worker_cores,
             loop_cores=(loop_cpu - self._cpu_start[0]) / elapsed if elapsed > 0 else None,
         )
         combined = self._combine(trainer, local)
         workers = self._planner.current.num_workers
-        if (
-            not combined.failed
-            and workers > 0
-            and combined.worker_cores is not None
-            and combined.loop_cores is not None
-        ):
-            self._cpu_evidence = (workers, combined.worker_cores, combined.loop_cores)
+        if not combined.failed and combined.loop_cores is not None:
+            if workers > 0 and combined.worker_cores is not None:
+                self._cpu_evidence = (workers, combined.worker_cores, combined.loop_cores)
+            elif workers == 0 and self._cpu_evidence is None:
+                # In-process loading: the loop's own CPU bounds what one worker would use. Counting it as the
+                # worker's and as the loop's is pessimistic, yet lets I/O-bound loading start above one worker.
+                self._cpu_evidence = (1, combined.loop_cores, combined.loop_cores)
         planner = self._planner
         # The batch size is known once a batch went by: the memory budget can be set now.
         planner.budget = self._budget = self._host_budget(trainer)
