@@ -108,7 +108,7 @@ class LoadGuard(_pl.Callback):
         # Production is averaged over more batches than the steps' window: a burst every few dozen batches
         # would otherwise swing the capacity by a burst's share of the window.
         self._producer = ProducerMeter(_PRODUCER_WINDOWS * window)
-        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._consumer.fetch_observed)
+        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._on_fetch_observed)
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
         self._settings = LoaderSettings()
@@ -132,8 +132,7 @@ class LoadGuard(_pl.Callback):
         """This rank's latest window of measurements (with the ranks' combined figures filled in)."""
         self.diagnosis: Diagnosis | None = None
         """The current diagnosis: ``diagnosis.verdict`` names the dominant constraint, with all findings."""
-        self._history: deque[WindowSnapshot] = deque(maxlen=4)
-        self._history_steps = 0
+        self._history: deque[tuple[int, WindowSnapshot]] = deque(maxlen=5)
         self._spoken_key: tuple[object, ...] | None = None
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -163,6 +162,11 @@ class LoadGuard(_pl.Callback):
 
     def _on_epoch_start(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
+
+    def _on_fetch_observed(self, ready: bool | None, level: int | None, startup_s: float) -> None:
+        self._consumer.fetch_observed(ready, level, startup_s)
+        if startup_s > 0 and self._epoch_start_s:
+            self._epoch_start_s[-1] += startup_s
 
     def _on_fetch_start(self, now: float) -> None:
         self._consumer.fetch_started(now)
@@ -316,6 +320,7 @@ class LoadGuard(_pl.Callback):
         self._producer.poll()
         records = self._consumer.records()
         ready = tuple(r.ready for r in records if r.ready is not None)
+        # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
         levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
         facts = host_facts(self._processes_on_host)
         return WindowSnapshot(
@@ -325,9 +330,10 @@ class LoadGuard(_pl.Callback):
             settings=self._settings,
             host=facts,
             ready=ready if len(ready) == len(records) and ready else None,
-            buffer_level=levels if len(levels) == len(records) and levels else None,
+            buffer_level=levels if len(levels) >= len(records) // 2 and levels else None,
             production_s=self._producer.durations() if self._producer_instrumented else (),
             production_cpu_s=self._producer.cpu_durations() if self._producer_instrumented else (),
+            production_queued_s=self._producer.queued_durations() if self._producer_instrumented else (),
             producer_rate=self._producer.capacity() if self._producer_instrumented else None,
             epoch_start_s=tuple(self._epoch_start_s),
             batch_bytes=self._batch_bytes,
@@ -402,12 +408,14 @@ class LoadGuard(_pl.Callback):
         assert snapshot is not None
         batches = trainer.num_training_batches
         steps_per_epoch = int(batches) if math.isfinite(batches) and batches > 0 else None
-        self.diagnosis = diagnose(snapshot, tuple(self._history), steps_per_epoch=steps_per_epoch)
-        # Earlier windows feed the sustained rates; only whole, non-overlapping ones, so no step counts twice.
-        # Their production times are left out: the current window already spans several steps' windows.
-        if self._consumer.total_steps - self._history_steps >= self.window:
-            self._history.append(replace(snapshot, production_s=(), production_cpu_s=()))
-            self._history_steps = self._consumer.total_steps
+        # Earlier windows feed the sustained rates; only those that end before the current one begins, so no
+        # step counts twice. Their production times are left out: the current window already spans several.
+        now = self._consumer.total_steps
+        earlier = tuple(past for steps, past in self._history if now - steps >= self.window)
+        self.diagnosis = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch)
+        if not self._history or now - self._history[-1][0] >= self.window:
+            stripped = replace(snapshot, production_s=(), production_cpu_s=(), production_queued_s=())
+            self._history.append((now, stripped))
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
         assert self.diagnosis is not None

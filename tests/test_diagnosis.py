@@ -242,3 +242,23 @@ def test_a_deficit_is_never_called_compute_bound(
     d = diagnose(snap)
     assert d.verdict == "producer_deficit"
     assert all("recommended_prefetch_factor" not in f.evidence for f in d.findings)
+
+
+def test_stalls_the_replay_cannot_explain_are_not_blamed_on_prefetch() -> None:
+    from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+    from lightning_loadguard.model import diagnose
+
+    # Two workers at 10 ms a batch feed a 20 ms step easily, yet every tenth fetch stalls 60 ms.
+    waits = tuple(0.06 if i % 10 == 0 else 0.0 for i in range(100))
+    snap = WindowSnapshot(
+        wait_s=waits,
+        step_s=(0.02,) * 100,
+        ready=tuple(w == 0.0 for w in waits),
+        production_s=(0.01,) * 100,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=2),
+        host=HostFacts(cpu_count=8),
+    )
+    finding = diagnose(snap).finding("bursty")
+    assert finding is not None
+    assert "Not the prefetch depth" in finding.fix
+    assert finding.evidence["recommended_prefetch_factor"] <= 2

@@ -156,11 +156,6 @@ def test_bursts_get_the_depth_a_brute_force_replay_of_the_known_times_finds() ->
     assert f"prefetch_factor={recommended}" in _finding(diagnosis, "bursty").fix
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="readiness with several workers: a later batch already in the data queue marks a fetch that "
-    "stalls on the slow batch as ready, so the stall is booked as hand-over (transfer_bound)",
-)
 def test_bursts_with_two_workers_get_the_brute_force_depth() -> None:
     diagnosis, optimum = _BurstyCase.run(num_workers=2)
 
@@ -177,11 +172,6 @@ def _slow_worker_init(worker_id: int) -> None:
     time.sleep(_INIT_S)  # opening a remote store, loading an index: paid again by every new worker
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="epoch start-up is timed as iter(loader) alone; the workers' init runs after it returns, so its "
-    "cost shows as the first fetch's wait and is read as a burst",
-)
 def test_worker_start_up_each_epoch_asks_for_persistent_workers_and_says_what_it_saves() -> None:
     # 12 batches of 20 ms steps an epoch; every epoch's new workers first spend 300 ms in worker_init_fn.
     dataset = TimedDataset(BATCH * 12, sample_s=0.001)
@@ -244,11 +234,6 @@ def test_ready_batches_that_are_slow_to_hand_over_are_transfer_bound() -> None:
     assert diagnosis.finding("producer_deficit") is None and diagnosis.finding("bursty") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CPU share is CPU time over busy wall time, and waiting for a core lowers it as waiting on I/O "
-    "does: saturated CPU-bound workers on C cores each show a share near C/N, so N x share never exceeds C",
-)
 def test_more_spinning_workers_than_cores_oversubscribe_the_host(two_cores: int) -> None:
     # Three CPU-bound workers per core, each 32 ms a batch, feeding a 10 ms step: all of them always run.
     workers = 3 * two_cores

@@ -83,8 +83,8 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
 
     producer = ProducerMeter(window=64)
     starts: list[float] = []
-    fetches: list[tuple[bool | None, int | None]] = []
-    probe = LoaderProbe(producer, starts.append, lambda ready, level: fetches.append((ready, level)))
+    fetches: list[tuple[bool | None, int | None, float]] = []
+    probe = LoaderProbe(producer, starts.append, lambda *seen: fetches.append(seen))
     loader = DataLoader(dataset, batch_size=4, num_workers=num_workers)
     assert instrument(loader, probe) is None
     assert type(loader).__name__ == "DataLoader" and isinstance(loader, DataLoader)
@@ -98,14 +98,38 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
     assert producer.total_batches == 12
     assert producer.capacity() == pytest.approx(max(1, num_workers) / 0.020, rel=0.15)
     if num_workers:
-        assert any(ready for ready, _ in fetches[2:])
+        assert all(ready for ready, _, _ in fetches[2:])
+        # Levels are known while the epoch still has batches to hand out, and never beyond the buffer.
+        levels = [level for _, level, _ in fetches]
+        assert levels[-1] is None and all(0 <= level <= 4 for level in levels[:6])
     restore(loader)
     assert type(loader) is DataLoader
 
 
+def test_readiness_is_the_asked_batch_not_any_batch() -> None:
+    # Batch 0 (worker 0) is slow, batch 1 (worker 1) fast: when the consumer asks for batch 0, batch 1 is
+    # already waiting in the queue, but the batch asked for is not.
+    dataset = TimedDataset(length=16, sample_s=0.0, burst_every=1000, burst_s=0.3)
+    fetches: list[tuple[bool | None, int | None, float]] = []
+    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda *seen: fetches.append(seen))
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, worker_init_fn=_slow_start)
+    assert instrument(loader, probe) is None
+    iterator = iter(loader)
+    time.sleep(0.15)
+    list(iterator)
+    ready = [r for r, _, _ in fetches]
+    assert ready[:2] == [False, True]
+    # The first fetch waited for the workers' 0.2 s start-up: that part is the epoch's start, not data wait.
+    assert 0.05 <= fetches[0][2] <= 0.3 and all(startup == 0.0 for _, _, startup in fetches[1:])
+
+
+def _slow_start(worker_id: int) -> None:
+    time.sleep(0.2)
+
+
 def test_probe_keeps_the_users_worker_init_fn() -> None:
     loader = DataLoader(TimedDataset(length=8), batch_size=2, num_workers=1, worker_init_fn=_mark_worker)
-    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level: None)
+    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level, startup: None)
     assert instrument(loader, probe) is None
     assert len(list(loader)) == 4
     assert loader.worker_init_fn is _mark_worker
@@ -116,7 +140,7 @@ def _mark_worker(worker_id: int) -> None:
 
 
 def test_probe_refuses_what_it_cannot_instrument() -> None:
-    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level: None)
+    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level, startup: None)
     assert "not a torch DataLoader" in instrument([1, 2, 3], probe)
 
 
@@ -156,7 +180,7 @@ def test_window_snapshot_figures() -> None:
 @pytest.mark.parametrize(("spin", "low", "high"), [(False, 0.0, 0.3), (True, 0.7, 1.0)])
 def test_producer_tells_io_waiting_workers_from_computing_ones(spin: bool, low: float, high: float) -> None:
     producer = ProducerMeter(window=64)
-    probe = LoaderProbe(producer, lambda s: None, lambda r, level: None)
+    probe = LoaderProbe(producer, lambda s: None, lambda r, level, startup: None)
     loader = DataLoader(TimedDataset(32, sample_s=0.004, spin=spin), batch_size=4, num_workers=1)
     assert instrument(loader, probe) is None
     list(loader)

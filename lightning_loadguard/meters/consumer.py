@@ -45,6 +45,7 @@ class ConsumerMeter:
         self._transfer = 0.0
         self._ready: bool | None = None
         self._level: int | None = None
+        self._startup = 0.0
         self.total_steps = 0
         self.total_wait_s = 0.0
         self.total_step_s = 0.0
@@ -57,13 +58,18 @@ class ConsumerMeter:
     def fetch_finished(self, now: float) -> None:
         if self._fetch_start is None:
             return
-        self._wait = max(0.0, now - self._fetch_start)
+        self._wait = max(0.0, now - self._fetch_start - self._startup)
         self._fetch_end = now
 
-    def fetch_observed(self, ready: bool | None, buffer_level: int | None) -> None:
-        """What the loader knew at the moment of the fetch (from the producer side, if instrumented)."""
+    def fetch_observed(self, ready: bool | None, buffer_level: int | None, startup_s: float = 0.0) -> None:
+        """What the loader knew at the moment of the fetch (from the producer side, if instrumented).
+
+        ``startup_s`` is the part of this fetch spent waiting for the workers to start: it belongs to the
+        epoch's start-up, reported on its own, not to the data wait.
+        """
         self._ready = ready
         self._level = buffer_level
+        self._startup = startup_s
 
     def add_transfer(self, seconds: float) -> None:
         self._transfer += seconds
@@ -83,6 +89,7 @@ class ConsumerMeter:
         self._fetch_start = self._fetch_end = self._wait = None
         self._excluded = self._transfer = 0.0
         self._ready = self._level = None
+        self._startup = 0.0
 
     def records(self) -> list[StepRecord]:
         return list(self._records)

@@ -14,27 +14,48 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lightning_loadguard.meters.producer import ProducerMeter, WorkerMeter, time_in_process_fetch
+from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter, WorkerMeter, time_in_process_fetch
 
 _PROBE_ATTR = "_loadguard_probe"
 _BASE_ATTR = "_loadguard_probed_base"
+_LEDGER_ATTR = "_loadguard_ledger"
 _probed_classes: dict[type, type] = {}
 
 
+class _EpochLedger:
+    """Per epoch of one iterator: how many batches each worker had made at its start, and has handed over.
+
+    Workers make their batches in order, and the consumer takes them in order, so the batch the consumer
+    asks for next is already made exactly when its worker has made more than it has handed over.
+    """
+
+    def __init__(self, counters: ProducerCounters, fresh: bool) -> None:
+        self.counters = counters
+        rows = counters.rows
+        self.base = [0] * rows if fresh else [counters.made(row) for row in range(rows)]
+        self.received = [0] * rows
+        self.started_at = time.perf_counter()
+        self.first_fetch = True
+
+    def waiting(self, row: int) -> int:
+        return self.counters.made(row) - self.base[row] - self.received[row]
+
+
 class LoaderProbe:
-    """Connects an instrumented loader to the meters through two callbacks.
+    """Connects an instrumented loader to the meters through callbacks.
 
     Args:
         producer: receives per-batch production times.
-        on_epoch_start: called with the seconds ``iter(loader)`` took (worker start-up).
-        on_fetch: called on every fetch with (batch already waiting?, batches waiting in the buffer).
+        on_epoch_start: called with the seconds ``iter(loader)`` took (starting the workers).
+        on_fetch: called on every fetch with (was the batch already made?, batches made and waiting, seconds
+            of this fetch spent waiting for the workers to finish starting up: the epoch's first fetch only).
     """
 
     def __init__(
         self,
         producer: ProducerMeter,
         on_epoch_start: Callable[[float], None],
-        on_fetch: Callable[[bool | None, int | None], None],
+        on_fetch: Callable[[bool | None, int | None, float], None],
     ) -> None:
         self.producer = producer
         self.on_epoch_start = on_epoch_start
@@ -56,8 +77,15 @@ class LoaderProbe:
             iterator = create()
         finally:
             loader.worker_init_fn = user_init_fn
+        iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
         self._observe(iterator, in_process=False)
         return iterator
+
+    def begin_epoch(self, iterator: Any) -> None:
+        """A persistent iterator was reset for a new epoch: its workers' counts carry on from here."""
+        ledger = iterator.__dict__.get(_LEDGER_ATTR)
+        if ledger is not None and not ledger.first_fetch:
+            iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(ledger.counters, fresh=False)
 
     def _observe(self, iterator: Any, in_process: bool) -> None:
         # Held weakly: a cycle through the iterator's own attribute would delay its shutdown (and its
@@ -71,31 +99,52 @@ class LoaderProbe:
             def next_data() -> Any:
                 batch = next_data_of(owner())
                 # Produced on demand: nothing is ever waiting.
-                on_fetch(False, 0)
+                on_fetch(False, 0, 0.0)
                 return batch
 
         else:
 
             def next_data() -> Any:
                 current = owner()
-                ready, level = _peek_buffer(current)
+                ledger: _EpochLedger | None = current.__dict__.get(_LEDGER_ATTR)
+                if ledger is None:
+                    return next_data_of(current)
+                row, ready, level = _peek(current, ledger)
+                start = time.perf_counter()
                 batch = next_data_of(current)
-                on_fetch(ready, level)
+                startup = 0.0
+                if ledger.first_fetch:
+                    ledger.first_fetch = False
+                    ready_at = ledger.counters.ready_at()
+                    if ready_at >= ledger.started_at:
+                        startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
+                if row is not None:
+                    ledger.received[row] += 1
+                on_fetch(ready, level, startup)
                 return batch
 
         iterator._next_data = next_data
 
 
-def _peek_buffer(iterator: Any) -> tuple[bool | None, int | None]:
-    """Whether the next batch is already in the main process, and how many batches are waiting."""
+def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None, int | None]:
+    """The worker row of the batch asked for, whether it is made, and the batches made and waiting.
+
+    The level is left unknown once every batch of the epoch has been asked of the workers: from there it
+    can only fall, which is the epoch ending, not the buffer draining.
+    """
     try:
-        task_info = iterator._task_info
-        stored = sum(1 for entry in task_info.values() if len(entry) == 2)
-        queued = iterator._data_queue.qsize()
-        entry = task_info.get(iterator._rcvd_idx)
-        return (entry is not None and len(entry) == 2) or queued > 0, stored + queued
+        entry = iterator._task_info.get(iterator._rcvd_idx)
+        rows = ledger.counters.rows
+        row = None if entry is None else entry[0] % rows
+        ready = None if row is None else len(entry) == 2 or ledger.waiting(row) > 0
+        try:
+            more_to_send = iterator._send_idx < len(iterator)
+        except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
+            more_to_send = True
+        level = sum(max(0, ledger.waiting(r)) for r in range(rows)) if more_to_send else None
+        return row, ready, level
     except Exception:  # private internals of another torch version: readiness stays unknown
-        return None, None
+        return None, None, None
 
 
 def _probed_class(cls: type) -> type:
@@ -110,6 +159,7 @@ def _probed_class(cls: type) -> type:
         iterator = super(probed, self).__iter__()
         if probe is not None:
             probe.on_epoch_start(time.perf_counter() - start)
+            probe.begin_epoch(iterator)
         return iterator
 
     def _get_iterator(self: Any) -> Any:

@@ -5,12 +5,16 @@ writes the duration into a row of a shared-memory tensor that the main process r
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
 never waits. With ``num_workers=0`` the same meter times the in-process fetch.
 
-Each batch's CPU time (the worker thread's own) is kept beside its busy time: their ratio tells a worker
-that waits on I/O (it needs no core of its own) from one that computes.
+Beside each batch's busy time go its CPU time (the worker thread's own) and, on Linux, the time the thread
+sat runnable waiting for a core (``/proc/thread-self/schedstat``): CPU over busy-minus-queueing tells a
+worker that waits on I/O (it needs no core of its own) from one that computes, also when too many workers
+queue for too few cores.
 
-Row layout (float64): ``[batches_made, busy_seconds, durations[RING], finish_times[RING], cpu_seconds[RING]]``:
-a single writer per row; the reader only looks at the ring entries the counter says were written, and merges
-the rows in finishing order (``perf_counter`` is the system-wide monotonic clock on Linux).
+Row layout (float64): ``[batches_made, busy_seconds, ready_at, durations[RING], finish_times[RING],
+cpu_seconds[RING], queued_seconds[RING]]``; ``ready_at`` is when the worker finished starting up (its
+``worker_init_fn`` included). A single writer per row; the reader only looks at the ring entries the counter
+says were written, and merges the rows in finishing order (``perf_counter`` is the system-wide monotonic
+clock on Linux).
 """
 
 from __future__ import annotations
@@ -26,7 +30,19 @@ from typing import Any
 import torch
 
 _RING = 256
-_HEADER = 2
+_HEADER = 3
+_READY_AT = 2
+_DURATION, _FINISHED, _CPU, _QUEUED = (_HEADER + k * _RING for k in range(4))
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _queued_seconds() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core (Linux); ``None`` elsewhere."""
+    try:
+        with open(_SCHEDSTAT, "rb") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class ProducerCounters:
@@ -34,7 +50,7 @@ class ProducerCounters:
 
     def __init__(self, num_workers: int) -> None:
         self.rows = max(1, num_workers)
-        self.tensor = torch.zeros(self.rows, _HEADER + 3 * _RING, dtype=torch.float64)
+        self.tensor = torch.zeros(self.rows, _HEADER + 4 * _RING, dtype=torch.float64)
         if num_workers > 0:
             self.tensor.share_memory_()
 
@@ -53,16 +69,50 @@ class ProducerCounters:
             view = self.__dict__["_array"] = self.tensor.numpy()
         return view
 
-    def record(self, row: int, seconds: float, cpu_seconds: float | None = None, finished: float | None = None) -> None:
+    def record(
+        self,
+        row: int,
+        seconds: float,
+        cpu_seconds: float | None = None,
+        queued_seconds: float = 0.0,
+        finished: float | None = None,
+    ) -> None:
         data = self.array[row]
         count = int(data[0])
-        slot = _HEADER + count % _RING
-        data[slot] = seconds
-        data[slot + _RING] = time.perf_counter() if finished is None else finished
-        data[slot + 2 * _RING] = seconds if cpu_seconds is None else cpu_seconds
+        slot = count % _RING
+        data[_DURATION + slot] = seconds
+        data[_FINISHED + slot] = time.perf_counter() if finished is None else finished
+        data[_CPU + slot] = seconds if cpu_seconds is None else cpu_seconds
+        data[_QUEUED + slot] = queued_seconds
         data[1] += seconds
         # The count goes last: a reader never sees a slot before its duration is written.
         data[0] = count + 1
+
+    def mark_ready(self, row: int) -> None:
+        self.array[row, _READY_AT] = time.perf_counter()
+
+    def ready_at(self) -> float:
+        """When the last of the workers finished starting up (0 before any did)."""
+        return float(self.array[:, _READY_AT].max())
+
+    def made(self, row: int) -> int:
+        return int(self.array[row, 0])
+
+
+def _timed(fetch: Callable[..., Any], counters: ProducerCounters, row: int) -> Callable[..., Any]:
+    """``fetch`` with each call's busy, CPU and core-queueing time recorded in ``row``."""
+
+    def timed_fetch(*args: Any) -> Any:
+        queued_start = _queued_seconds()
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        batch = fetch(*args)
+        busy, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
+        queued_end = _queued_seconds()
+        queued = queued_end - queued_start if queued_start is not None and queued_end is not None else 0.0
+        counters.record(row, busy, cpu, queued)
+        return batch
+
+    return timed_fetch
 
 
 def _patch_fetchers(counters: ProducerCounters, row: int) -> None:
@@ -71,15 +121,8 @@ def _patch_fetchers(counters: ProducerCounters, row: int) -> None:
 
     for cls in (fetch_module._MapDatasetFetcher, fetch_module._IterableDatasetFetcher):
         original = getattr(cls, "_loadguard_original_fetch", cls.fetch)
-
-        def timed_fetch(self: Any, index: Any, _original: Callable[..., Any] = original) -> Any:
-            start, cpu_start = time.perf_counter(), time.thread_time()
-            batch = _original(self, index)
-            counters.record(row, time.perf_counter() - start, time.thread_time() - cpu_start)
-            return batch
-
         cls._loadguard_original_fetch = original  # type: ignore[attr-defined]
-        cls.fetch = timed_fetch  # type: ignore[method-assign]
+        cls.fetch = _timed(original, counters, row)  # type: ignore[method-assign]
 
 
 class WorkerMeter:
@@ -93,11 +136,13 @@ class WorkerMeter:
         self.user_init_fn = user_init_fn
 
     def __call__(self, worker_id: int) -> None:
+        row = worker_id % self.counters.rows
         # A torch without these internals still trains; only the producer side goes unmeasured.
         with contextlib.suppress(Exception):
-            _patch_fetchers(self.counters, worker_id % self.counters.rows)
+            _patch_fetchers(self.counters, row)
         if self.user_init_fn is not None:
             self.user_init_fn(worker_id)
+        self.counters.mark_ready(row)
 
 
 def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
@@ -108,14 +153,8 @@ def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
     """
     fetch = type(fetcher).fetch
     owner = weakref.ref(fetcher)
-
-    def timed_fetch(index: Any) -> Any:
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        batch = fetch(owner(), index)
-        counters.record(0, time.perf_counter() - start, time.thread_time() - cpu_start)
-        return batch
-
-    fetcher.fetch = timed_fetch
+    timed = _timed(lambda index: fetch(owner(), index), counters, 0)
+    fetcher.fetch = timed
 
 
 class ProducerMeter:
@@ -138,6 +177,7 @@ class ProducerMeter:
             raise ValueError(f"`window` must be a positive number of batches, got {window!r}.")
         self._durations: deque[float] = deque(maxlen=window)
         self._cpu: deque[float] = deque(maxlen=window)
+        self._queued: deque[float] = deque(maxlen=window)
         self._counters: ProducerCounters | None = None
         self._seen: list[int] = []
         self._seen_busy: list[float] = []
@@ -159,6 +199,7 @@ class ProducerMeter:
         if num_workers != self.num_workers:
             self._durations.clear()
             self._cpu.clear()
+            self._queued.clear()
         self.num_workers = num_workers
         return self._counters
 
@@ -168,7 +209,7 @@ class ProducerMeter:
         if counters is None:
             return
         table = counters.array
-        fresh: list[tuple[float, float, float]] = []
+        fresh: list[tuple[float, float, float, float]] = []
         for row in range(counters.rows):
             count = int(table[row, 0])
             busy = float(table[row, 1])
@@ -178,17 +219,17 @@ class ProducerMeter:
             if new <= 0:
                 continue
             first = max(self._seen[row], count - _RING)
-            slots = [_HEADER + i % _RING for i in range(first, count)]
-            ends = [slot + _RING for slot in slots]
-            cpus = [slot + 2 * _RING for slot in slots]
-            fresh.extend(
-                zip(table[row, ends].tolist(), table[row, slots].tolist(), table[row, cpus].tolist(), strict=True)
-            )
+            slots = [i % _RING for i in range(first, count)]
+            columns = [
+                table[row, [base + slot for slot in slots]].tolist() for base in (_FINISHED, _DURATION, _CPU, _QUEUED)
+            ]
+            fresh.extend(zip(*columns, strict=True))
             self.total_batches += new
             self._seen[row] = count
         fresh.sort()
-        self._durations.extend(duration for _, duration, _ in fresh)
-        self._cpu.extend(cpu for _, _, cpu in fresh)
+        self._durations.extend(entry[1] for entry in fresh)
+        self._cpu.extend(entry[2] for entry in fresh)
+        self._queued.extend(entry[3] for entry in fresh)
 
     def durations(self) -> tuple[float, ...]:
         return tuple(self._durations)
@@ -196,6 +237,10 @@ class ProducerMeter:
     def cpu_durations(self) -> tuple[float, ...]:
         """Per batch in the window, the CPU time its producer spent (aligned with :meth:`durations`)."""
         return tuple(self._cpu)
+
+    def queued_durations(self) -> tuple[float, ...]:
+        """Per batch in the window, the time its producer waited for a core (aligned with :meth:`durations`)."""
+        return tuple(self._queued)
 
     def capacity(self) -> float | None:
         """Sustainable batches per second of all producers together, or ``None`` before any batch."""

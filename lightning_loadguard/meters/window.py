@@ -66,7 +66,8 @@ class WindowSnapshot:
         production_s: per produced batch, the busy time of the worker that made it (fetch + collate),
             in completion order; empty when the producer is not instrumented.
         production_cpu_s: per produced batch (aligned with ``production_s``), the CPU time the producing
-            thread spent; less than the busy time when the worker waits on I/O.
+            thread spent; less than the busy time when the worker waits on I/O or for a core.
+        production_queued_s: per produced batch, the time the producing thread waited for a core.
         producer_rate: sustainable batches/s of all workers together, or ``None`` if unmeasured.
         epoch_start_s: the iterator start-up time (worker launch) of recent epochs.
         batch_bytes: size of one batch in host memory, or ``None``.
@@ -83,6 +84,7 @@ class WindowSnapshot:
     buffer_level: tuple[int, ...] | None = None
     production_s: tuple[float, ...] = ()
     production_cpu_s: tuple[float, ...] = ()
+    production_queued_s: tuple[float, ...] = ()
     producer_rate: float | None = None
     epoch_start_s: tuple[float, ...] = ()
     batch_bytes: int | None = None
@@ -136,11 +138,23 @@ class WindowSnapshot:
 
     @property
     def cpu_share(self) -> float | None:
-        """Share of the workers' busy time spent on a CPU (1: compute-bound, near 0: waiting on I/O)."""
-        busy = sum(self.production_s)
+        """Share of a core the workers need while busy: 1 computes, near 0 waits on I/O.
+
+        CPU time over busy time less the time spent queueing for a core, so that workers starved by too
+        few cores still count as computing.
+        """
+        busy = sum(self.production_s) - sum(self.production_queued_s)
         if not self.production_cpu_s or busy <= 0:
             return None
         return min(1.0, sum(self.production_cpu_s) / busy)
+
+    @property
+    def queued_share(self) -> float | None:
+        """Share of the workers' busy time spent waiting for a core (high: the host is oversubscribed)."""
+        busy = sum(self.production_s)
+        if not self.production_queued_s or busy <= 0:
+            return None
+        return min(1.0, sum(self.production_queued_s) / busy)
 
     @property
     def inflight_bytes(self) -> int | None:

@@ -275,7 +275,15 @@ def _bursty(facts: _Facts) -> Finding | None:
         "expected_wait_s": advice.expected_wait_s,
         "expected_wait_fraction": advice.expected_wait_fraction,
     }
-    if advice.prefetch_factor > facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
+    if advice.prefetch_factor <= facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
+        # The replay says the current depth absorbs the measured production: the stalls come from elsewhere.
+        fix = (
+            f"Not the prefetch depth: replaying the measured production and step times at prefetch_factor="
+            f"{facts.prefetch} expects {advice.expected_wait_fraction:.1%} wait, yet {facts.stall_fraction:.1%} "
+            "was measured. Look outside batch production: worker start-up at each epoch, the hand-over from the "
+            "workers, or a resource the workers share (storage, network, a lock)."
+        )
+    elif advice.prefetch_factor > facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
         fix = (
             f"prefetch_factor={advice.prefetch_factor} (now {facts.prefetch}; {advice.batches_in_flight} "
             f"batches in flight): replaying the measured times expects {advice.expected_wait_s * 1e3:.3g} ms "
