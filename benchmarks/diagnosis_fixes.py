@@ -12,7 +12,6 @@ training process alone costs 1-3 ms, which must stay below the 5 % target.
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,25 +23,11 @@ from lightning_loadguard import LoadGuard
 from lightning_loadguard.model.diagnosis import WAIT_OK
 from lightning_loadguard.model.findings import Diagnosis, Finding
 from lightning_loadguard.report import render_table
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, timed_loader
 
 BATCH = 4
 STEP_S = 0.060
 UNPICKLE_S = 0.015
-
-
-def _rebuild_slowly(items: tuple[Any, ...]) -> _SlowBatch:
-    time.sleep(UNPICKLE_S)  # Python objects that take long to rebuild in the training process
-    return _SlowBatch(items)
-
-
-class _SlowBatch(tuple):
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_slowly, (tuple(self),)
-
-
-def _slow_collate(samples: list[Any]) -> _SlowBatch:
-    return _SlowBatch(default_collate(samples))
 
 
 @dataclass(frozen=True)
@@ -90,9 +75,7 @@ def _fix_for(diagnosis: Diagnosis) -> tuple[dict[str, Any], str]:
             return {"num_workers": int(evidence["workers_for_bursts"])}, ""
         return {"prefetch_factor": int(evidence["recommended_prefetch_factor"])}, ""
     if finding.verdict == "epoch_start_stall":
-        # The evidence carries no machine-readable setting here; the fix text names persistent_workers.
-        assert "persistent_workers=True" in finding.fix, finding.fix
-        return {"persistent_workers": True}, ""
+        return {"persistent_workers": bool(evidence["recommended_persistent_workers"])}, ""
     if finding.verdict == "host_oversubscribed":
         return {"num_workers": max(1, int(evidence["worker_budget"]))}, ""
     if finding.verdict == "transfer_bound":
@@ -127,7 +110,7 @@ def _cases() -> list[Case]:
             TimedDataset(BATCH * 40, sample_s=0.001),
             {"num_workers": 1},
             window=30,
-            extra={"collate_fn": _slow_collate},
+            extra={"collate_fn": SlowHandoverCollate(UNPICKLE_S)},
         ),
         # Two workers at 8 ms a batch against a 60 ms step.
         Case("compute_bound", TimedDataset(BATCH * 40, sample_s=0.002), {"num_workers": 2}, window=30),

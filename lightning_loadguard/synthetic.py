@@ -146,6 +146,41 @@ class TimedModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def _rebuild_slowly(items: tuple[Any, ...], seconds: float) -> SlowHandoverBatch:
+    time.sleep(seconds)
+    return SlowHandoverBatch(items, seconds)
+
+
+class SlowHandoverBatch(tuple):  # type: ignore[type-arg]
+    """A batch that costs ``seconds`` to unpickle: made quickly by a worker, slow to take in the trainer."""
+
+    def __new__(cls, items: Any, seconds: float) -> SlowHandoverBatch:
+        batch = super().__new__(cls, items)
+        batch.seconds = seconds  # type: ignore[attr-defined]
+        return batch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_slowly, (tuple(self), self.seconds)  # type: ignore[attr-defined]
+
+
+class SlowHandoverCollate:
+    """A ``collate_fn`` whose batches take ``seconds`` to hand from a worker to the training process.
+
+    Example:
+        >>> batch = SlowHandoverCollate(0.0)([(torch.tensor(0), torch.zeros(2))])
+        >>> [tuple(t.shape) for t in batch]
+        [(1,), (1, 2)]
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, samples: list[Any]) -> SlowHandoverBatch:
+        from torch.utils.data import default_collate
+
+        return SlowHandoverBatch(default_collate(samples), self.seconds)
+
+
 def timed_loader(
     dataset: Dataset,
     batch_size: int = 8,
@@ -179,7 +214,7 @@ class Scenario:
     Example:
         >>> s = Scenario("producer_bound", num_workers=2, sample_s=0.015, step_s=0.012)
         >>> round(s.expected_capacity(), 2), round(s.expected_wait_fraction(), 2)
-        (33.33, 0.6)
+        (33.33, 0.59)
     """
 
     name: str

@@ -26,7 +26,7 @@ from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model import simulate_buffer
 from lightning_loadguard.model.capacity import DEEP_PREFETCH, PREFETCH_TOLERANCE, workers_needed
 from lightning_loadguard.model.findings import Diagnosis, Finding
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, timed_loader
 
 BATCH = 4
 
@@ -202,27 +202,12 @@ def test_worker_launch_each_short_epoch_asks_for_persistent_workers() -> None:
 _UNPICKLE_S = 0.015
 
 
-def _rebuild_slowly(items: tuple[Any, ...]) -> _SlowBatch:
-    time.sleep(_UNPICKLE_S)  # a batch of Python objects that are slow to rebuild in the training process
-    return _SlowBatch(items)
-
-
-class _SlowBatch(tuple):
-    """A batch whose unpickling (in the main process, after the worker made it) costs a known time."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_slowly, (tuple(self),)
-
-
-def _slow_collate(samples: list[Any]) -> _SlowBatch:
-    return _SlowBatch(default_collate(samples))
-
-
 def test_ready_batches_that_are_slow_to_hand_over_are_transfer_bound() -> None:
     # The worker makes a batch in 4 ms, far ahead of the 20 ms step; taking it costs 15 ms of unpickling.
     step_s = 0.020
     dataset = TimedDataset(BATCH * 48, sample_s=0.001)
-    loader = timed_loader(dataset, batch_size=BATCH, num_workers=1, persistent_workers=True, collate_fn=_slow_collate)
+    slow = SlowHandoverCollate(_UNPICKLE_S)
+    loader = timed_loader(dataset, batch_size=BATCH, num_workers=1, persistent_workers=True, collate_fn=slow)
     diagnosis = _diagnosis(_fit(loader, TimedModule(step_s, record=False), window=30))
 
     assert diagnosis.verdict == "transfer_bound", diagnosis.to_text()

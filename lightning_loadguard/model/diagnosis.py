@@ -392,6 +392,7 @@ def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
             "and dataset's per-epoch set-up (shuffling a large index, re-opening files)."
         )
     else:
+        evidence["recommended_persistent_workers"] = 1
         fix = f"persistent_workers=True: workers then start once, saving about {start:.3g} s per epoch."
     summary = f"Epoch-start stall: starting the loader takes {start:.3g} s, {share:.1%} of each epoch."
     return Finding("epoch_start_stall", min(1.0, share), evidence, fix, summary)
