@@ -154,7 +154,7 @@ def _rebuild_slowly(items: tuple[Any, ...], seconds: float) -> SlowHandoverBatch
 class SlowHandoverBatch(tuple):  # type: ignore[type-arg]
     """A batch that costs ``seconds`` to unpickle: made quickly by a worker, slow to take in the trainer."""
 
-    def __new__(cls, items: Any, seconds: float) -> SlowHandoverBatch:
+    def __new__(cls, items: Any, seconds: float = 0.0) -> SlowHandoverBatch:
         batch = super().__new__(cls, items)
         batch.seconds = seconds  # type: ignore[attr-defined]
         return batch
