@@ -276,3 +276,21 @@ def test_decision_round_trips_through_plain_data() -> None:
     assert "workers=3 prefetch=2 *" in decision.table() and "probe cost" in decision.table()
     assert back.persistent_workers  # 1 s to start workers is far more than 2 % of a 7 s epoch
     assert math.isclose(back.speedup or 0, 3.0)
+
+
+def test_bursts_ask_for_more_workers_than_the_mean_does() -> None:
+    burst = (0.002,) * 7 + (0.2,)  # mean 26.75 ms: Little's law asks for 4 workers at 100 steps/s
+    planner = Planner(Setting(0), Budget(12, "cores"), FAST, epoch_steps=400)
+    m = Measurement(
+        steps=6,
+        elapsed_s=0.3,
+        made=6,
+        mean_step_s=0.01,
+        mean_production_s=sum(burst) / 8,
+        mean_wait_s=0.04,
+        production_profile=burst,
+        step_profile=(0.01,) * 8,
+    )
+    proposal = planner.record(m)
+    assert proposal is not None and proposal.num_workers > 4
+    assert "bursts" in planner.current_note

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch, workers_needed
 from lightning_loadguard.tuning.budget import Budget
 from lightning_loadguard.tuning.decision import CandidateResult, Measurement, Setting, TuneDecision
@@ -20,6 +21,9 @@ NEGLIGIBLE_WAIT = 0.05
 """A loop waiting for data less than 5 % of its time has nothing to gain from the loader (below noise)."""
 
 PROBE_BUDGET = "probe_budget"
+
+REPLAY_STEPS = 256
+"""Steps replayed per candidate worker count: the measured sequences cycle several times."""
 
 
 @dataclass
@@ -184,11 +188,38 @@ class Planner:
         else:
             wanted = workers_needed(m.mean_production_s, consumer)
             note = f"Little's law: {m.mean_production_s * 1e3:.1f} ms/batch at {consumer:.1f} steps/s"
+            replayed = self._replayed_workers(setting, m, wanted)
+            if replayed > wanted:
+                wanted, note = replayed, note + f", {replayed} to absorb the bursts (replay)"
             if wanted <= setting.num_workers:
                 # The model says enough, yet the loop waits: the per-batch time grew with contention; one more.
                 wanted = setting.num_workers + 1
                 note = "one more worker (measured rate below the model's)"
         return self._with_workers(setting, wanted, m, note)
+
+    def _replayed_workers(self, setting: Setting, m: Measurement, start: int) -> int:
+        """The fewest workers from ``start`` whose replayed wait is negligible: the mean hides bursts.
+
+        Little's law sizes for the mean production time; with a few slow batches among fast ones, the workers
+        that match the mean leave the loop waiting on every burst. Replaying the measured sequences through the
+        buffer model finds the count that also absorbs them (within the core budget).
+        """
+        if not m.production_profile or not m.step_profile:
+            return start
+        # Per-worker times: without workers the in-process fetch times are what one worker would take.
+        prefetch = setting.prefetch_factor or 2
+        for workers in range(max(1, start), max(1, self.budget.max_workers) + 1):
+            run = simulate_buffer(
+                m.production_profile,
+                m.step_profile,
+                num_workers=workers,
+                prefetch_factor=prefetch,
+                steps=REPLAY_STEPS,
+                record_levels=False,
+            )
+            if run.wait_fraction < NEGLIGIBLE_WAIT:
+                return workers
+        return max(1, start)
 
     def _with_workers(self, setting: Setting, workers: int, m: Measurement, note: str) -> _Proposal | None:
         bound = None

@@ -180,6 +180,11 @@ class TuningSession:
         elif self._step == warmup + self.options.window_steps:
             self._end_window(trainer)
 
+    def teardown(self) -> None:
+        """Fit ended: if it ended while probing, give the loader its own sampler back."""
+        if self._active:
+            self._stop_probing()
+
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "decision": self.decision.to_dict() if self.decision else None}
 
@@ -226,10 +231,13 @@ class TuningSession:
         if not combined.failed and combined.loop_cores is not None:
             if workers > 0 and combined.worker_cores is not None:
                 self._cpu_evidence = (workers, combined.worker_cores, combined.loop_cores)
-            elif workers == 0 and self._cpu_evidence is None:
-                # In-process loading: the loop's own CPU bounds what one worker would use. Counting it as the
-                # worker's and as the loop's is pessimistic, yet lets I/O-bound loading start above one worker.
-                self._cpu_evidence = (1, combined.loop_cores, combined.loop_cores)
+            elif workers == 0 and self._cpu_evidence is None and combined.mean_production_s:
+                # In-process loading: the loop's CPU seconds over the seconds spent making batches bound the CPU
+                # share of one busy worker (the step's own CPU counts against it: pessimistic). The loop's cores
+                # include the fetch too, so the spare cores are underestimated rather than over.
+                making_s = combined.mean_production_s * combined.steps
+                share = min(1.0, combined.loop_cores * combined.elapsed_s / making_s)
+                self._cpu_evidence = (1, share, combined.loop_cores)
         planner = self._planner
         # The batch size is known once a batch went by: the memory budget can be set now.
         planner.budget = self._budget = self._host_budget(trainer)
