@@ -41,8 +41,9 @@ _PROGRESS_FIELDS = ("ready", "started", "processed", "completed")
 def _consumer_position(trainer: Any) -> tuple[int, int]:
     """(epoch, batches the training step finished in it), with a finished epoch reported as the next one.
 
-    ``processed`` is the count the trainer itself restores; ``completed`` still lags by one inside
-    ``on_train_batch_end``, where ``ModelCheckpoint`` saves.
+    ``processed`` is the count the trainer restores (on Lightning 2.4 through
+    :func:`_align_with_lightning_restart`); ``completed`` still lags by one inside ``on_train_batch_end``,
+    where ``ModelCheckpoint`` saves.
     """
     fit_loop = trainer.fit_loop
     epochs = fit_loop.epoch_progress.current
@@ -74,6 +75,90 @@ def _shift_restored_batch_count(trainer: Any, delta: int) -> None:
         ) from err
     for name, value in values.items():
         current[name] = value + delta
+
+
+def _align_with_lightning_restart(trainer: Any) -> int:
+    """Make an older Lightning restore the loops as Lightning >= 2.5 does; return how often it will start
+    iterating the train loader before the first resumed training step.
+
+    Two restart details changed in 2.5, each detected by the attribute that came with it:
+
+    - A checkpoint written in ``on_train_batch_end`` holds ``processed = completed + 1``. Lightning >= 2.5
+      (``restarted_on_train_batch_end``) resumes after that batch, or in the next epoch when it was the
+      epoch's last. Lightning 2.4 sets every batch counter back to ``completed``: it runs one batch more than
+      the epoch has left, which the resumed loader can only fill from the next epoch's order, and it never
+      reaches ``is_last_batch``, so the epoch-end validation is skipped. The counters are moved to what 2.5
+      restores (:func:`_finish_saved_batch`) before the loops reset: in the checkpoint still being restored
+      when the loader is built early (``estimated_stepping_batches`` in ``configure_optimizers``), else in
+      the restored loops.
+    - Resumed at an epoch boundary after epoch 0, Lightning 2.4 iterates the loader in ``setup_data`` and
+      again at the epoch's start, dropping what the first iterator fetched ahead; Lightning >= 2.5
+      (``is_resuming``) keeps the first. A dataset whose state moves as it is read must then start both
+      iterations from the saved state.
+    """
+    fit_loop = trainer.fit_loop
+    epoch_loop = fit_loop.epoch_loop
+    if trainer.ckpt_path is None:
+        return 1
+    pending = trainer._checkpoint_connector._loaded_checkpoint
+    if pending:
+        fit_state = pending.get("loops", {}).get("fit_loop")
+        if fit_state is None:
+            return 1
+    else:
+        fit_state = {
+            "epoch_progress": fit_loop.epoch_progress.state_dict(),
+            "epoch_loop.batch_progress": epoch_loop.batch_progress.state_dict(),
+            "epoch_loop.state_dict": {"_batches_that_stepped": epoch_loop._batches_that_stepped},
+        }
+    edited = not hasattr(epoch_loop, "restarted_on_train_batch_end") and _finish_saved_batch(fit_state, trainer)
+    if edited and not pending:
+        fit_loop.epoch_progress.load_state_dict(fit_state["epoch_progress"])
+        epoch_loop.batch_progress.load_state_dict(fit_state["epoch_loop.batch_progress"])
+        epoch_loop._batches_that_stepped = fit_state["epoch_loop.state_dict"]["_batches_that_stepped"]
+        # The setter decides again from the epoch counters whether an epoch is still unfinished.
+        fit_loop.restarting = True
+    epochs = fit_state["epoch_progress"]["current"]
+    at_epoch_boundary = epochs["ready"] == epochs["started"] == epochs["processed"]
+    if (
+        not hasattr(fit_loop, "is_resuming")
+        and at_epoch_boundary
+        and epochs["processed"] > 0
+        and not fit_loop._iteration_based_training()
+    ):
+        return 2
+    return 1
+
+
+def _finish_saved_batch(fit_state: dict[str, Any], trainer: Any) -> bool:
+    """Edit a fit loop's state (the checkpoint's layout) as if ``on_train_batch_end`` had returned.
+
+    Returns whether anything changed: only a state saved inside ``on_train_batch_end`` is edited.
+    """
+    batches = fit_state["epoch_loop.batch_progress"]
+    current = batches["current"]
+    if current["processed"] != current["completed"] + 1:
+        return False
+    done = current["processed"]
+    last = bool(batches["is_last_batch"])
+    for part in ("current", "total"):
+        batches[part]["completed"] = batches[part]["processed"]
+    # The batch stepped the optimizer unless it accumulated; Lightning counts it in ``on_advance_end``.
+    stepped = done % trainer.accumulate_grad_batches == 0 or (
+        last and not trainer.strategy.handles_gradient_accumulation
+    )
+    loop_state = fit_state.setdefault("epoch_loop.state_dict", {})
+    if stepped and "_batches_that_stepped" in loop_state:
+        loop_state["_batches_that_stepped"] += 1
+    if last:
+        # Restore into the next epoch as an epoch-end checkpoint does: the finished epoch's end hooks and
+        # validation are not run again, as on Lightning >= 2.5.
+        for part in ("current", "total"):
+            epochs = fit_state["epoch_progress"][part]
+            epochs["processed"] = epochs["completed"] = epochs["started"]
+        current.update(ready=0, started=0, processed=0, completed=0)
+        batches["is_last_batch"] = False
+    return True
 
 
 class ResumableLoaderMixin:
@@ -238,6 +323,7 @@ class ResumableLoaderMixin:
                 "dataset",
             )
             return loader
+        iterations = _align_with_lightning_restart(trainer)
         loaded = self.__dict__.pop("_loadguard_loaded", None)
         seed = self._loadguard_seed_for(trainer, loaded)
         made = make_resumable(loader, seed=seed, rank=trainer.global_rank, world_size=trainer.world_size)
@@ -253,7 +339,7 @@ class ResumableLoaderMixin:
                     )
                 order.start_at(loaded.epoch, loaded.batches_consumed)
             elif loaded.dataset_state is not None:
-                order.resume(loaded.dataset_state, loaded.batches_consumed)
+                order.resume(loaded.dataset_state, loaded.batches_consumed, iterations=iterations)
         elif trainer.ckpt_path and not self.__dict__.get("_loadguard_state_seen"):
             self._loadguard_warn_once(
                 "missing",

@@ -72,6 +72,13 @@ class Data(ResumableLoaderMixin, pl.LightningDataModule):
         raise ValueError(f"unknown sampler kind {kind!r}")
 
 
+class ValidatedData(Data):
+    """``Data`` with a two-sample validation set, so that validation runs at every epoch's end."""
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Indexed(2), batch_size=2)
+
+
 class Recorder(pl.LightningModule):
     """Records the sample indices each training step sees; saves and stops (or dies) where told."""
 
@@ -82,6 +89,7 @@ class Recorder(pl.LightningModule):
         self.ckpt = ckpt
         self.log_path = log
         self.seen: list[int] = []
+        self.validated: list[int] = []
         self.stepping_batches: float | None = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -118,6 +126,13 @@ class Recorder(pl.LightningModule):
             self._stop()
 
 
+class ValidatingRecorder(Recorder):
+    """Also records the epoch of every validation step."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.validated.append(self.current_epoch)
+
+
 def run(
     case: dict[str, Any], *, ckpt_out: str | None = None, ckpt_in: str | None = None, log: str | None = None
 ) -> tuple[Recorder, Data, pl.Trainer]:
@@ -145,8 +160,9 @@ def run(
         logger=False,
         num_sanity_val_steps=0,
     )
-    model = Recorder(case, ckpt=ckpt_out, log=log)
-    data = Data(case)
+    validate = bool(case.get("validate"))
+    model = (ValidatingRecorder if validate else Recorder)(case, ckpt=ckpt_out, log=log)
+    data = (ValidatedData if validate else Data)(case)
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_in)
     return model, data, trainer
 

@@ -113,6 +113,23 @@ def test_limit_train_batches(tmp_path: Path) -> None:
         assert len(full) == 3 * 6 * 4
 
 
+@pytest.mark.parametrize("stop_at", [2, 7])
+def test_resumed_epoch_ends_as_without_the_interruption(stop_at: int, tmp_path: Path) -> None:
+    # The batch the checkpoint was saved in counts as finished on every Lightning version: the resumed epoch
+    # still ends with its validation, and the step counters end where the uninterrupted run's do.
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7, "validate": True}
+    full, _, full_trainer = run(case)
+    ckpt = str(tmp_path / "v.ckpt")
+    before, _, _ = run(dict(case, stop_kind="step", stop_at=stop_at), ckpt_out=ckpt)
+    after, _, trainer = run(case, ckpt_in=ckpt)
+    assert before.seen + after.seen == full.seen
+    assert full.validated == [0, 1]
+    assert after.validated == full.validated[stop_at // 5 :]
+    assert trainer.global_step == full_trainer.global_step == 10
+    steps = trainer.fit_loop.epoch_loop._batches_that_stepped
+    assert steps == full_trainer.fit_loop.epoch_loop._batches_that_stepped == 10
+
+
 def test_seed_is_drawn_once_and_stored(tmp_path: Path) -> None:
     case = {"n": 20, "batch_size": 4, "epochs": 2}
     ckpt = str(tmp_path / "s.ckpt")

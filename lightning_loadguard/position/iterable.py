@@ -58,21 +58,23 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         self.dataset = dataset
         self.batch_size = batch_size or 1
         self.keep = keep
-        self._pending: Any = None
-        self._base = 0
+        self._pending: tuple[Any, int, int] | None = None
         self._final: Any = None
         self._snapshots: OrderedDict[int, Any] = OrderedDict()
 
-    def resume(self, dataset_state: Any, batches_consumed: int = 0) -> None:
+    def resume(self, dataset_state: Any, batches_consumed: int = 0, iterations: int = 1) -> None:
         """Load ``dataset_state`` into the dataset when the next iteration starts.
 
         ``batches_consumed`` is how many batches of the epoch that state already covers, so that
-        :meth:`state_at` keeps counting batches from the epoch's start.
+        :meth:`state_at` keeps counting batches from the epoch's start. ``iterations`` is how many of the
+        next iterations start from that state: a loop that starts one iteration, reads ahead in it and drops
+        it before taking a batch (Lightning 2.4 resuming at an epoch boundary) needs 2.
         """
         if batches_consumed < 0:
             raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed}")
-        self._pending = dataset_state
-        self._base = batches_consumed
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        self._pending = (dataset_state, batches_consumed, iterations)
 
     def _record(self, batches: int) -> None:
         self._snapshots[batches] = copy.deepcopy(self.dataset.state_dict())
@@ -102,10 +104,11 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         return self._final
 
     def __iter__(self) -> Iterator[Any]:
+        produced = 0
         if self._pending is not None:
-            self.dataset.load_state_dict(self._pending)
-            self._pending = None
-        produced, self._base = self._base, 0
+            state, produced, left = self._pending
+            self.dataset.load_state_dict(copy.deepcopy(state))
+            self._pending = (state, produced, left - 1) if left > 1 else None
         self._final = None
         self._snapshots.clear()
         self._record(produced)
