@@ -51,7 +51,8 @@ class Planner:
 
         >>> from lightning_loadguard.tuning.budget import Budget
         >>> p = Planner(Setting(1, 2), Budget(7, "cores"), TuneOptions(), epoch_steps=400)
-        >>> p.record(Measurement(steps=12, elapsed_s=0.48, made=12, mean_step_s=0.01, mean_production_s=0.04))
+        >>> p.record(Measurement(steps=12, elapsed_s=0.48, made=12, mean_step_s=0.01, mean_production_s=0.04,
+        ...                      mean_wait_s=0.03))
         Setting(num_workers=5, prefetch_factor=2, pin_memory=False, persistent_workers=False)
     """
 
