@@ -167,3 +167,30 @@ def test_a_failing_probe_reverts_and_no_sample_is_lost() -> None:
     assert failures and "No space left on device" in failures[0]
     assert decision.num_workers == 1 and trainer.train_dataloader.num_workers == 1
     assert tuned == untuned
+
+
+def test_the_candidate_table_goes_to_tensorboard(tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    pl.seed_everything(11, verbose=False)
+    guard = LoadGuard(print_summary=False, auto_tune=FAST)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[guard],
+        logger=TensorBoardLogger(tmp_path, name="tb", version=0),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TimedModule(step_s=0.004), timed_loader(TimedDataset(240), batch_size=4))
+    trainer.logger.experiment.flush()
+    events = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "loadguard/auto_tune/text_summary" in events.Tags()["tensors"]
+    text = events.Tensors("loadguard/auto_tune/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "your settings" in text and "probe cost" in text
