@@ -44,14 +44,22 @@ def _consumer_position(trainer: Any) -> tuple[int, int]:
     ``processed`` is the count the trainer restores (on Lightning 2.4 through
     :func:`_align_with_lightning_restart`); ``completed`` still lags by one inside ``on_train_batch_end``,
     where ``ModelCheckpoint`` saves.
+
+    A loader without a length has no batch total to compare with; Lightning's fetcher reads one batch ahead
+    of it and sets ``is_last_batch`` when that read found the loader exhausted, so once the flagged batch is
+    processed the epoch is over, as Lightning >= 2.5 (and 2.4 through :func:`_finish_saved_batch`) restores it.
     """
     fit_loop = trainer.fit_loop
     epochs = fit_loop.epoch_progress.current
     if epochs.processed >= epochs.started:
         return epochs.processed, 0
-    consumed = fit_loop.epoch_loop.batch_progress.current.processed
+    batches = fit_loop.epoch_loop.batch_progress
+    consumed = batches.current.processed
     total = trainer.num_training_batches
     if total != math.inf and consumed >= total:
+        return epochs.processed + 1, 0
+    # Inside the last batch's ``training_step`` it is flagged but not yet processed (``started`` is ahead).
+    if total == math.inf and batches.is_last_batch and consumed > 0 and consumed >= batches.current.started:
         return epochs.processed + 1, 0
     return epochs.processed, consumed
 

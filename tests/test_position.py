@@ -300,6 +300,21 @@ def test_stateful_tap_state_follows_the_consumer_not_the_producer() -> None:
         tap.state_at(9)
 
 
+@pytest.mark.parametrize("n", [12, 11], ids=["full_last_batch", "partial_last_batch"])
+def test_stateful_tap_state_after_the_last_batch_starts_the_next_epoch(n: int) -> None:
+    # A full last batch's boundary is recorded before the stream notices its end; once the iteration is over,
+    # the state after that batch must be the next epoch's start, not "epoch 0, exhausted".
+    tap = StatefulIterableTap(StatefulStream(n), batch_size=3)
+    assert len(list(tap)) == n
+    assert tap.state_at(4) == tap.final_state == {"pos": 0, "epoch": 1}
+    assert tap.state_at(3) == {"pos": 9, "epoch": 0}
+    next_epoch = StatefulStream(n)
+    next_epoch.epoch = 1
+    tap2 = StatefulIterableTap(StatefulStream(n), batch_size=3)
+    tap2.resume(tap.state_at(4), batches_consumed=4)
+    assert [i for i, _ in tap2] == [i for i, _ in next_epoch]
+
+
 def test_stateful_tap_refuses_workers() -> None:
     with pytest.raises(ValueError, match="num_workers=2"):
         make_resumable(DataLoader(StatefulStream(4), batch_size=2, num_workers=2), seed=0)

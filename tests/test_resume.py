@@ -150,6 +150,21 @@ def test_stateful_iterable_resumes_at_the_consumer(tmp_path: Path) -> None:
         assert resumed == full
 
 
+@pytest.mark.parametrize("n", [24, 22], ids=["full_last_batch", "partial_last_batch"])
+def test_stateful_iterable_checkpoint_on_the_epochs_last_batch(n: int, tmp_path: Path) -> None:
+    # Step 6 is epoch 0's 6th and last batch. When it is full, the dataset has not yet noticed it is exhausted
+    # while the consumer finishes that batch; the resumed run must still see all of epoch 1.
+    case = {"n": n, "batch_size": 4, "epochs": 2, "sampler": "stateful_iterable"}
+    full, resumed = _resume(case, tmp_path, "step", 6)
+    assert resumed == full
+    assert len(full) == 2 * n
+    assert sorted(full[:n]) == sorted(full[n:]) == list(range(n))
+    # A finished epoch is stored as the next one's start, as for a loader with a length.
+    stored = torch.load(tmp_path / "stop.ckpt", weights_only=False)["Data"][STATE_KEY]
+    assert (stored["epoch"], stored["batches_consumed"]) == (1, 0)
+    assert stored["dataset_state"] == {"pos": 0, "epoch": 1}
+
+
 def test_plain_iterable_warns_once(tmp_path: Path) -> None:
     case = {"n": 12, "batch_size": 4, "epochs": 2, "sampler": "plain_iterable"}
     with warnings.catch_warnings(record=True) as caught:

@@ -84,6 +84,8 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
     def state_at(self, batches_consumed: int) -> Any:
         """The dataset's state right after ``batches_consumed`` batches of the current iteration.
 
+        Once the iteration ran to its end, the state after its last batch is :attr:`final_state`.
+
         Raises:
             PositionMismatchError: that boundary was not produced yet or fell out of the window.
         """
@@ -122,5 +124,9 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
                 self._record(produced)
             yield item
         if in_batch:
-            self._record(produced + 1)
-        self._final = copy.deepcopy(self.dataset.state_dict())
+            produced += 1
+        # The boundary after the last batch is re-recorded now that the dataset ran its own end-of-iteration
+        # step (e.g. moving to its next epoch): a full last batch was recorded before that step, and restoring
+        # that earlier state would replay an exhausted iteration instead of starting the next one.
+        self._record(produced)
+        self._final = self._snapshots[produced]
