@@ -194,3 +194,38 @@ def test_the_candidate_table_goes_to_tensorboard(tmp_path: Path) -> None:
     assert "loadguard/auto_tune/text_summary" in events.Tags()["tensors"]
     text = events.Tensors("loadguard/auto_tune/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "your settings" in text and "probe cost" in text
+
+
+class SlowValidation(TimedModule):
+    """Validation runs every 5 training steps and takes 50 ms: windows must not count it as loop time."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        import time
+
+        time.sleep(0.05)
+
+
+def test_validation_inside_the_epoch_does_not_count_as_loop_time() -> None:
+    pl.seed_everything(11, verbose=False)
+    guard = LoadGuard(print_summary=False, auto_tune=FAST)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[guard],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        val_check_interval=5,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+    )
+    loader = timed_loader(TimedDataset(240), batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(SlowValidation(step_s=0.004), loader, timed_loader(TimedDataset(4), batch_size=4))
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "compute_bound", decision and decision.table()
+    # A 4 ms step runs at about 250 steps/s; one 50 ms validation in the window would halve that.
+    assert decision.throughput_before is not None and decision.throughput_before > 150

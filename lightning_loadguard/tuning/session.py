@@ -208,13 +208,15 @@ class TuningSession:
         waits = [r.wait_s for r in records]
         loop_cpu, workers_cpu = time.process_time(), _worker_cpu_seconds(trainer)
         elapsed = now - start
+        loop_s = sum(steps) + sum(waits)
         worker_cores = None
         if workers_cpu is not None and self._cpu_start[1] is not None and elapsed > 0:
             worker_cores = (workers_cpu - self._cpu_start[1]) / elapsed
         durations = list(producer.durations())[-max(self.options.window_steps, 1) :] if metered else []
         local = Measurement(
             steps=self.options.window_steps,
-            elapsed_s=now - start,
+            # The loop's own time (validation runs inside the epoch are excluded by the consumer meter).
+            elapsed_s=loop_s if len(records) == self.options.window_steps else elapsed,
             made=(producer.total_batches - made_before) if metered else None,
             mean_step_s=mean_or_none(steps) or 0.0,
             mean_production_s=mean_or_none(durations),
