@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,35 @@ def test_validation_inside_the_epoch_does_not_count_as_loop_time() -> None:
     assert decision is not None and decision.verdict == "compute_bound", decision and decision.table()
     # A 4 ms step runs at about 250 steps/s; one 50 ms validation in the window would halve that.
     assert decision.throughput_before is not None and decision.throughput_before > 150
+
+
+class DiesUnderOtherWorkerCounts(TimedDataset):
+    """A worker process dies (as if killed) after a few samples whenever the loader runs with a worker count
+    other than one: by then the training loop is busy in a step, where torch reports dead workers from its
+    SIGCHLD handler unless told otherwise."""
+
+    made = 0
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        if info is not None and info.num_workers != 1:
+            type(self).made += 1
+            if self.made > 12:
+                os._exit(1)
+        return super().__getitem__(index)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_during_a_probe_reverts_and_no_sample_is_lost() -> None:
+    def loader() -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return DataLoader(DiesUnderOtherWorkerCounts(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
+
+    untuned, _, _ = fit(loader(), False)
+    tuned, guard, _ = fit(loader(), FAST)
+    decision = guard.decision
+    assert decision is not None and decision.num_workers == 1
+    # The workers die after a few batches: during a probe window, or after the decision (then it is undone).
+    failures = [c.failed for c in decision.candidates if c.failed] + [decision.reason]
+    assert any("exited unexpectedly" in text for text in failures), decision.table()
+    assert tuned == untuned

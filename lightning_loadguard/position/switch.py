@@ -134,6 +134,33 @@ def shutdown(iterator: object) -> None:
         stop()
 
 
+def watch_worker_deaths(iterator: object, watch: bool) -> bool:
+    """Turn torch's asynchronous report of a dead worker off (or back on) for one iterator.
+
+    torch raises "DataLoader worker exited unexpectedly" from its SIGCHLD handler, wherever the main thread
+    happens to be (usually inside the training step), which no caller can catch and recover from. With the
+    report off, the death surfaces inside ``next()`` instead, at torch's next status check (within
+    ``MP_STATUS_CHECK_INTERVAL`` seconds), where a caller can restart the loader. Returns whether it changed.
+    """
+    from torch.utils.data._utils import signal_handling
+
+    workers = getattr(iterator, "_workers", None)
+    if not workers or getattr(iterator, "_shutdown", True):
+        return False
+    try:
+        if not watch and iterator._worker_pids_set:  # type: ignore[attr-defined]
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False  # type: ignore[attr-defined]
+            return True
+        if watch and not iterator._worker_pids_set:  # type: ignore[attr-defined]
+            signal_handling._set_worker_pids(id(iterator), tuple(w.pid for w in workers))
+            iterator._worker_pids_set = True  # type: ignore[attr-defined]
+            return True
+    except (AttributeError, RuntimeError, ValueError):  # another torch: keep its behaviour
+        return False
+    return False
+
+
 def validate_settings(settings: dict[str, Any]) -> None:
     """Raise ``ValueError`` for a setting that cannot change on a built loader or is out of range."""
     unknown = sorted(set(settings) - set(_SWITCHABLE))

@@ -9,6 +9,7 @@ between ranks, and restarts the train loader's iterator at the consumer's positi
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -17,7 +18,13 @@ from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard.meters.host import host_facts
-from lightning_loadguard.position.switch import OrderTap, apply_settings, restart_iterator, shutdown
+from lightning_loadguard.position.switch import (
+    OrderTap,
+    apply_settings,
+    restart_iterator,
+    shutdown,
+    watch_worker_deaths,
+)
 from lightning_loadguard.tuning import _trainer_access as access
 from lightning_loadguard.tuning.budget import Budget, host_budget
 from lightning_loadguard.tuning.decision import Measurement, Setting, TuneDecision, mean_or_none, profile
@@ -87,9 +94,10 @@ class _ProbeIterator:
         except StopIteration:
             raise
         except Exception as err:
-            if not self.session._probing_other_than_good():
+            target = self.session._fallback()
+            if target is None:
                 raise
-            self.session._revert(self, err)
+            self.session._revert(self, err, target)
             batch = next(self.inner)
         self.count += 1
         return batch
@@ -125,6 +133,7 @@ class TuningSession:
         self._budget: Budget | None = None
         self._cpu_start: tuple[float, float | None] = (0.0, None)
         self._cpu_evidence: tuple[int, float, float] | None = None
+        self._epoch = 0
 
     # -- Lightning hooks -------------------------------------------------------------------------------
 
@@ -132,8 +141,7 @@ class TuningSession:
         if self.decision is not None:
             self._apply_decision(loaders)
             return
-        if self._active:
-            self._stop_probing()
+        self._stop_probing()
         reason = self._cannot_tune(trainer, loaders)
         if reason is not None:
             self._say(f"auto-tuning is off: {reason}.")
@@ -165,11 +173,14 @@ class TuningSession:
         if not self._iterable:
             self._tap = OrderTap.install(loader)
         self._active = True
+        self._epoch = trainer.current_epoch
         self._step = 0
         self._progress(f"measuring your settings ({original.label})")
 
     def on_train_batch_end(self, trainer: Any) -> None:
         if not self._active:
+            if self._tap is not None and trainer.current_epoch != self._epoch:
+                self._stop_probing()
             return
         self._step += 1
         warmup = self.options.warmup_steps
@@ -181,9 +192,8 @@ class TuningSession:
             self._end_window(trainer)
 
     def teardown(self) -> None:
-        """Fit ended: if it ended while probing, give the loader its own sampler back."""
-        if self._active:
-            self._stop_probing()
+        """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
+        self._stop_probing()
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "decision": self.decision.to_dict() if self.decision else None}
@@ -312,25 +322,56 @@ class TuningSession:
             assert self._good is not None
             new_inner = restart_iterator(self._loader, self._tap, consumed, **self._good.loader_kwargs())
         self._startup_s = time.perf_counter() - self._switch_started
+        # Under any setting but the user's, a dead worker must surface inside next(), where the wrapper reverts.
+        watch_worker_deaths(new_inner, watch=setting == self._planner.original if self._planner else True)
         wrapper = _ProbeIterator(self, new_inner, consumed)
         access.replace_train_iterator(trainer, old, wrapper)
         self.guard._loader_changed(self._loader)
 
-    def _probing_other_than_good(self) -> bool:
-        return self._active and self._planner is not None and self._planner.current != self._good
+    def _fallback(self) -> Setting | None:
+        """The setting to go back to when the loader fails now, or ``None`` to let the error through.
 
-    def _revert(self, wrapper: _ProbeIterator, err: BaseException) -> None:
-        """A probed setting failed inside the loader: continue at the last good one from the same batch."""
-        assert self._loader is not None and self._tap is not None and self._good is not None
-        self._fault = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
-        self._progress(
-            f"{self._planner.current.label if self._planner else 'probe'} failed ({self._fault}); "
-            f"back to {self._good.label}"
-        )
+        While probing: the best setting measured so far. After the decision, for the rest of epoch 0: the
+        user's own settings, under which the run would have been without tuning.
+        """
+        if self._tap is None or self._loader is None or self._planner is None or self._good is None:
+            return None
+        if self._active:
+            return self._good if self._planner.current != self._good else None
+        original = self._planner.original
+        current = setting_of(self._loader)
+        if (current.num_workers, current.prefetch_factor, current.pin_memory) == (
+            original.num_workers,
+            original.prefetch_factor,
+            original.pin_memory,
+        ):
+            return None
+        return original
+
+    def _revert(self, wrapper: _ProbeIterator, err: BaseException, target: Setting) -> None:
+        """A setting failed inside the loader: continue at ``target`` from the same batch."""
+        assert self._loader is not None and self._tap is not None and self._planner is not None
+        message = str(err).strip()
+        self._fault = f"{type(err).__name__}: {message.splitlines()[-1] if message else ''}"
+        self._progress(f"{setting_of(self._loader).label} failed ({self._fault}); back to {target.label}")
         wrapper.inner = restart_iterator(
-            self._loader, self._tap, wrapper.yielded, old_iterator=wrapper.inner, **self._good.loader_kwargs()
+            self._loader, self._tap, wrapper.yielded, old_iterator=wrapper.inner, **target.loader_kwargs()
         )
+        watch_worker_deaths(wrapper.inner, watch=True)
         self.guard._loader_changed(self._loader)
+        if not self._active and self.decision is not None:
+            original = self._planner.original
+            self._loader.__dict__["persistent_workers"] = original.persistent_workers and original.num_workers > 0
+            self.decision = replace(
+                self.decision,
+                num_workers=original.num_workers,
+                prefetch_factor=original.prefetch_factor,
+                pin_memory=original.pin_memory,
+                persistent_workers=original.persistent_workers,
+                throughput_after=self.decision.throughput_before,
+                verdict="no_gain",
+                reason=f"the chosen setting failed after probing ({self._fault}); your settings are back",
+            )
 
     # -- the end ---------------------------------------------------------------------------------------
 
@@ -360,7 +401,8 @@ class TuningSession:
         if decision.persistent_workers != loader.persistent_workers and loader.num_workers > 0:
             # Takes effect when this epoch's iterator ends: the next epoch starts workers that stay.
             loader.__dict__["persistent_workers"] = decision.persistent_workers
-        self._stop_probing()
+        # The recorded order stays until epoch 0 ends: a failure of the chosen setting can still go back.
+        self._active = False
         self.decision = decision
         self._report(trainer, decision)
 
