@@ -12,6 +12,12 @@ MEMORY_SHARE = 0.5
 """Default share of the host's available RAM that in-flight batches of all its training processes may claim
 (tf.data's autotuner uses the same half)."""
 
+MIN_WINDOW = 8
+"""Shortest automatic measurement window, in steps."""
+
+MAX_WINDOW = 24
+"""Longest automatic measurement window: a few bursts of a bursty pipeline fall into it."""
+
 SHM_SHARE = 0.8
 """Share of free ``/dev/shm`` that in-flight worker batches may claim: a full shm kills workers."""
 
@@ -45,7 +51,9 @@ class TuneOptions:
         max_prefetch: the deepest ``prefetch_factor`` tried. Integer >= 1.
         warmup_steps: steps discarded after each switch while new workers start and the buffer settles.
             Integer >= 1.
-        window_steps: steps of each measurement window. Integer >= 4.
+        window_steps: steps of each measurement window. Integer >= 4, or ``None``: as many as the probe
+            budget holds with the warm-up (at least ``MIN_WINDOW`` and at most ``MAX_WINDOW``), so that one
+            candidate fits even a short epoch and longer epochs get steadier windows.
         min_gain: a candidate replaces the user's settings only when measured at least this much faster
             (relative), so run-to-run noise never passes for an improvement. In [0, 1].
         tune_persistent_workers: allow turning ``persistent_workers`` on when restarting workers each epoch
@@ -65,13 +73,24 @@ class TuneOptions:
         ValueError: TuneOptions.window_steps must be an integer >= 4, got 2
     """
 
+    def window_for(self, budget_steps: int) -> int:
+        """The measurement window for a probe budget of ``budget_steps`` steps.
+
+        Example:
+            >>> TuneOptions().window_for(16), TuneOptions().window_for(120), TuneOptions(window_steps=6).window_for(120)
+            (12, 24, 6)
+        """
+        if self.window_steps is not None:
+            return self.window_steps
+        return max(MIN_WINDOW, min(MAX_WINDOW, budget_steps - self.warmup_steps))
+
     probe_share: float = PROBE_SHARE
     memory_share: float = MEMORY_SHARE
     shm_share: float = SHM_SHARE
     max_workers: int | None = None
     max_prefetch: int = 8
     warmup_steps: int = 4
-    window_steps: int = 24
+    window_steps: int | None = None
     min_gain: float = 0.05
     tune_persistent_workers: bool = True
     persistent_min_share: float = 0.02
@@ -84,7 +103,8 @@ class TuneOptions:
             _int("max_workers", self.max_workers, 0)
         _int("max_prefetch", self.max_prefetch, 1)
         _int("warmup_steps", self.warmup_steps, 1)
-        _int("window_steps", self.window_steps, 4)
+        if self.window_steps is not None:
+            _int("window_steps", self.window_steps, 4)
         _share("min_gain", self.min_gain, open_low=False)
         if not isinstance(self.tune_persistent_workers, bool):
             raise ValueError(

@@ -71,7 +71,8 @@ class Planner:
         self.epoch_steps = epoch_steps
         self.pinning_helps = pinning_helps
         self.budget_steps = math.floor(options.probe_share * epoch_steps)
-        self.window = options.warmup_steps + options.window_steps
+        self.window_steps = options.window_for(self.budget_steps)
+        self.window = options.warmup_steps + self.window_steps
         self.current = original
         self.current_note = "your settings"
         self.results: list[CandidateResult] = []

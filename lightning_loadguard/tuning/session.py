@@ -154,7 +154,8 @@ class TuningSession:
         original = setting_of(loader)
         self._good = original
         self._budget = self._host_budget(trainer)
-        planner_steps = steps if steps is not None else 10 * (self.options.warmup_steps + self.options.window_steps)
+        # Without a length (an iterable dataset) only the user's window is measured: size it as for 10 windows.
+        planner_steps = steps if steps is not None else 10 * (self.options.warmup_steps + self.options.window_for(0))
         self._planner = Planner(
             original,
             self._budget,
@@ -163,7 +164,7 @@ class TuningSession:
             pinning_helps=trainer.strategy.root_device.type == "cuda",
         )
         if not self._iterable and not self._planner.can_start():
-            window = self.options.warmup_steps + self.options.window_steps
+            window = self._planner.window
             self._say(
                 f"auto-tuning is off: epoch 0 has {planner_steps} steps; measuring your settings and one candidate "
                 f"takes 2 x {window} steps, with at most {self._planner.budget_steps} steps of probing "
@@ -188,7 +189,7 @@ class TuningSession:
             self.guard._producer.poll()
             self._window_start = (time.perf_counter(), self.guard._producer.total_batches)
             self._cpu_start = (time.process_time(), _worker_cpu_seconds(trainer))
-        elif self._step == warmup + self.options.window_steps:
+        elif self._step == warmup + self._window_steps:
             self._end_window(trainer)
 
     def teardown(self) -> None:
@@ -213,7 +214,8 @@ class TuningSession:
         producer = self.guard._producer
         producer.poll()
         metered = self.guard._producer_instrumented
-        records = self.guard._consumer.records()[-self.options.window_steps :]
+        window_steps = self._window_steps
+        records = self.guard._consumer.records()[-window_steps:]
         steps = [r.step_s for r in records]
         waits = [r.wait_s for r in records]
         loop_cpu, workers_cpu = time.process_time(), _worker_cpu_seconds(trainer)
@@ -222,11 +224,11 @@ class TuningSession:
         worker_cores = None
         if workers_cpu is not None and self._cpu_start[1] is not None and elapsed > 0:
             worker_cores = (workers_cpu - self._cpu_start[1]) / elapsed
-        durations = list(producer.durations())[-max(self.options.window_steps, 1) :] if metered else []
+        durations = list(producer.durations())[-window_steps:] if metered else []
         local = Measurement(
-            steps=self.options.window_steps,
+            steps=window_steps,
             # The loop's own time (validation runs inside the epoch are excluded by the consumer meter).
-            elapsed_s=loop_s if len(records) == self.options.window_steps else elapsed,
+            elapsed_s=loop_s if len(records) == window_steps else elapsed,
             made=(producer.total_batches - made_before) if metered else None,
             mean_step_s=mean_or_none(steps) or 0.0,
             mean_production_s=mean_or_none(durations),
@@ -327,6 +329,11 @@ class TuningSession:
         wrapper = _ProbeIterator(self, new_inner, consumed)
         access.replace_train_iterator(trainer, old, wrapper)
         self.guard._loader_changed(self._loader)
+
+    @property
+    def _window_steps(self) -> int:
+        assert self._planner is not None
+        return self._planner.window_steps
 
     def _fallback(self) -> Setting | None:
         """The setting to go back to when the loader fails now, or ``None`` to let the error through.
