@@ -31,24 +31,26 @@ def fit(
     callbacks: list[Any] | None = None,
     ckpt_path: str | None = None,
     root: Path | None = None,
+    module: TimedModule | None = None,
+    val_loader: DataLoader | None = None,
+    **trainer_kwargs: Any,
 ) -> tuple[list[int], LoadGuard, Any]:
     pl.seed_everything(11, verbose=False)
     guard = LoadGuard(print_summary=False, auto_tune=tune)
-    module = TimedModule(step_s=step_s)
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        callbacks=[guard, *(callbacks or [])],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=root,
-    )
+    module = module or TimedModule(step_s=step_s)
+    settings: dict[str, Any] = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "accelerator": "cpu",
+        "devices": 1,
+        "default_root_dir": root,
+    }
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=[guard, *(callbacks or [])], **{**settings, **trainer_kwargs})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(module, loader, ckpt_path=ckpt_path)
+        trainer.fit(module, loader, val_loader, ckpt_path=ckpt_path)
     return module.seen, guard, trainer
 
 
@@ -174,21 +176,8 @@ def test_the_candidate_table_goes_to_tensorboard(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    pl.seed_everything(11, verbose=False)
-    guard = LoadGuard(print_summary=False, auto_tune=FAST)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        callbacks=[guard],
-        logger=TensorBoardLogger(tmp_path, name="tb", version=0),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(TimedModule(step_s=0.004), timed_loader(TimedDataset(240), batch_size=4))
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    _, _, trainer = fit(timed_loader(TimedDataset(240), batch_size=4), FAST, epochs=1, logger=logger)
     trainer.logger.experiment.flush()
     events = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"tensors": 0})
     events.Reload()
@@ -207,25 +196,16 @@ class SlowValidation(TimedModule):
 
 
 def test_validation_inside_the_epoch_does_not_count_as_loop_time() -> None:
-    pl.seed_everything(11, verbose=False)
-    guard = LoadGuard(print_summary=False, auto_tune=FAST)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
+    _, guard, _ = fit(
+        timed_loader(TimedDataset(240), batch_size=4),
+        FAST,
+        epochs=1,
+        module=SlowValidation(step_s=0.004),
+        val_loader=timed_loader(TimedDataset(4), batch_size=4),
         val_check_interval=5,
         limit_val_batches=1,
         num_sanity_val_steps=0,
     )
-    loader = timed_loader(TimedDataset(240), batch_size=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(SlowValidation(step_s=0.004), loader, timed_loader(TimedDataset(4), batch_size=4))
     decision = guard.decision
     assert decision is not None and decision.verdict == "compute_bound", decision and decision.table()
     # A 4 ms step runs at about 250 steps/s; one 50 ms validation in the window would halve that.
