@@ -304,6 +304,9 @@ class LoadGuard(_pl.Callback):
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        if self._tuner is not None:
+            # A fit that ends inside epoch 0 leaves the tuner's order tap on the user's loader otherwise.
+            self._guarded("restoring the loader after auto-tuning", self._tuner.teardown)
         self._trainer = None
         _pl.uninstall_profiler(trainer)
         _pl.unhook_loaders_ready(trainer)
