@@ -6,8 +6,7 @@ Works with the unified ``lightning`` package and with the standalone ``pytorch_l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -19,7 +18,6 @@ Callback = pl.Callback
 
 _FETCH_ACTION_SUFFIX = "].train_dataloader_next"
 _FETCH_ACTION_PREFIX = "[_TrainingEpochLoop"
-_TRANSFER_ACTION_SUFFIX = ".batch_to_device"
 
 
 def _is_fetch(action_name: str) -> bool:
@@ -27,27 +25,20 @@ def _is_fetch(action_name: str) -> bool:
 
 
 class FetchTimingProfiler:
-    """Wraps the trainer's profiler to see exactly when the training loop fetches and transfers batches.
+    """Wraps the trainer's profiler to see exactly when the training loop fetches its batches.
 
     Lightning brackets every training fetch with ``profiler.start/stop("[_TrainingEpochLoop]
-    .train_dataloader_next")`` and every transfer with ``profiler.profile("[Strategy]....batch_to_device")``.
-    Everything else is passed through to the user's profiler untouched.
+    .train_dataloader_next")``. Everything else goes to the user's profiler untouched; ``profile()``, which
+    Lightning calls around every hook of every step, is the user's own bound method, so it costs nothing.
     """
 
-    _own = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "_on_transfer", "_transfer_start"})
-
     def __init__(
-        self,
-        inner: Any,
-        on_fetch_start: Callable[[float], None],
-        on_fetch_stop: Callable[[float], None],
-        on_transfer: Callable[[float], None],
+        self, inner: Any, on_fetch_start: Callable[[float], None], on_fetch_stop: Callable[[float], None]
     ) -> None:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_on_fetch_start", on_fetch_start)
         object.__setattr__(self, "_on_fetch_stop", on_fetch_stop)
-        object.__setattr__(self, "_on_transfer", on_transfer)
-        object.__setattr__(self, "_transfer_start", None)
+        object.__setattr__(self, "profile", inner.profile)
 
     @property
     def inner(self) -> Any:
@@ -57,30 +48,11 @@ class FetchTimingProfiler:
         self._inner.start(action_name)
         if _is_fetch(action_name):
             self._on_fetch_start(time.perf_counter())
-        elif action_name.endswith(_TRANSFER_ACTION_SUFFIX):
-            object.__setattr__(self, "_transfer_start", time.perf_counter())
 
     def stop(self, action_name: str) -> None:
         if _is_fetch(action_name):
             self._on_fetch_stop(time.perf_counter())
-        elif action_name.endswith(_TRANSFER_ACTION_SUFFIX) and self._transfer_start is not None:
-            self._on_transfer(time.perf_counter() - self._transfer_start)
-            object.__setattr__(self, "_transfer_start", None)
         self._inner.stop(action_name)
-
-    def profile(self, action_name: str) -> AbstractContextManager[str]:
-        # Lightning profiles every hook of every step: hand those straight to the user's profiler.
-        if action_name.endswith(_TRANSFER_ACTION_SUFFIX) or _is_fetch(action_name):
-            return self._timed(action_name)
-        return self._inner.profile(action_name)
-
-    @contextmanager
-    def _timed(self, action_name: str) -> Iterator[str]:
-        try:
-            self.start(action_name)
-            yield action_name
-        finally:
-            self.stop(action_name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -133,12 +105,19 @@ def train_loaders(trainer: Any) -> list[Any]:
 
 
 def should_log(trainer: Any) -> bool:
-    """Lightning's own decision to log on this step (``log_every_n_steps``)."""
+    """Lightning's own decision to log on this training step (``log_every_n_steps``).
+
+    The same rule as ``_LoggerConnector.should_update_logs`` for the fit loop, read directly: this runs on
+    every step, and the property walks the trainer's loops.
+    """
+    every = trainer.log_every_n_steps
+    if not every:
+        return False
     try:
-        return bool(trainer._logger_connector.should_update_logs)
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
     except AttributeError:
-        n = trainer.log_every_n_steps
-        return n > 0 and (trainer.global_step + 1) % n == 0
+        step = trainer.global_step + 1
+    return step % every == 0 or bool(trainer.should_stop)
 
 
 def log_step(trainer: Any) -> int:

@@ -174,9 +174,6 @@ class LoadGuard(_pl.Callback):
     def _on_fetch_stop(self, now: float) -> None:
         self._consumer.fetch_finished(now)
 
-    def _on_transfer(self, seconds: float) -> None:
-        if self._validation_start is None:
-            self._consumer.add_transfer(seconds)
 
     # -- loaders ---------------------------------------------------------------------------------------
 
@@ -227,7 +224,7 @@ class LoadGuard(_pl.Callback):
         self._trainer = trainer
         _pl.install_profiler(
             trainer,
-            lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop, self._on_transfer),
+            lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop),
         )
         self._hooked = _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
         self._gpu = GpuUtilization(trainer.strategy.root_device)
@@ -258,6 +255,8 @@ class LoadGuard(_pl.Callback):
             self._validation_start = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        # From the batch's arrival to here: input conversion and the copy to the device.
+        self._consumer.step_started(time.perf_counter())
         if self._measure_batch or self._should_log(trainer):
             self._measure_batch = False
             size = self._guarded("measuring the batch size in bytes", batch_nbytes, batch)

@@ -18,7 +18,8 @@ METRICS: dict[str, str] = {
     "available RAM or free /dev/shm (0..1), the most loaded host",
     "loadguard/host_available_mb": "the host's available RAM (MB)",
     "loadguard/shm_free_mb": "free space on /dev/shm (MB)",
-    "loadguard/transfer_ms": "mean time spent moving a batch to the device (ms)",
+    "loadguard/transfer_ms": "mean time from a batch's arrival to the start of its step: input conversion and "
+    "the copy to the device (ms)",
     "loadguard/gpu_util": "accelerator utilization from NVML (0..1), only where measurable",
     "loadguard/worst_rank": "the rank with the highest wait fraction (distributed runs only)",
 }

@@ -8,12 +8,11 @@ timestamps from its caller, so it is driven identically by a Trainer adapter and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """One completed training step, in seconds."""
+class StepRecord(NamedTuple):
+    """One completed training step, in seconds (a tuple: one is made per step, so it must be cheap)."""
 
     wait_s: float
     step_s: float
@@ -71,8 +70,10 @@ class ConsumerMeter:
         self._level = buffer_level
         self._startup = startup_s
 
-    def add_transfer(self, seconds: float) -> None:
-        self._transfer += seconds
+    def step_started(self, now: float) -> None:
+        """The step begins: the time since the batch arrived went to handing it to the step (transfer)."""
+        if self._fetch_end is not None:
+            self._transfer = max(0.0, now - self._fetch_end)
 
     def exclude(self, seconds: float) -> None:
         """Time inside the current step that is not training (e.g. a validation run)."""

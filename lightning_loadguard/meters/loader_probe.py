@@ -36,6 +36,7 @@ class _EpochLedger:
         self.received = [0] * rows
         self.started_at = time.perf_counter()
         self.first_fetch = True
+        self.batches: int | None = None  # the epoch's length, once known
 
     def waiting(self, row: int) -> int:
         return self.counters.made(row) - self.base[row] - self.received[row]
@@ -137,10 +138,12 @@ def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None,
         rows = ledger.counters.rows
         row = None if entry is None else entry[0] % rows
         ready = None if row is None else len(entry) == 2 or ledger.waiting(row) > 0
-        try:
-            more_to_send = iterator._send_idx < len(iterator)
-        except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
-            more_to_send = True
+        if ledger.batches is None:
+            try:
+                ledger.batches = len(iterator)
+            except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
+                ledger.batches = -1
+        more_to_send = ledger.batches < 0 or iterator._send_idx < ledger.batches
         level = sum(max(0, ledger.waiting(r)) for r in range(rows)) if more_to_send else None
         return row, ready, level
     except Exception:  # private internals of another torch version: readiness stays unknown
