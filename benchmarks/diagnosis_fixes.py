@@ -16,14 +16,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, default_collate
 
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.model.diagnosis import WAIT_OK
 from lightning_loadguard.model.findings import Diagnosis, Finding
 from lightning_loadguard.report import render_table
-from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, quiet_trainer, timed_loader
 
 BATCH = 4
 STEP_S = 0.060
@@ -47,16 +46,7 @@ class Case:
 
 def _fit(loader: DataLoader, window: int, epochs: int) -> LoadGuard:
     guard = LoadGuard(window=window, print_summary=False)
-    trainer = Trainer(
-        max_epochs=epochs,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard])
     trainer.fit(TimedModule(STEP_S, record=False), loader)
     return guard
 

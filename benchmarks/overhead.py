@@ -17,11 +17,11 @@ import warnings
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.report import render_table
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, quiet_trainer, timed_loader
 
 STEP_S = 0.002
 
@@ -54,16 +54,7 @@ class _Stopwatch(Callback):
 def _rate(with_guard: bool, steps: int) -> float:
     watch = _Stopwatch(warmup=min(50, steps // 4))
     callbacks: list[Callback] = [watch] + ([LoadGuard(print_summary=False)] if with_guard else [])
-    trainer = Trainer(
-        max_steps=steps,
-        callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = quiet_trainer(max_steps=steps, callbacks=callbacks)
     loader = timed_loader(TimedDataset(steps * 4, sample_s=0.0), batch_size=4, num_workers=1, prefetch_factor=4)
     trainer.fit(_FixedStep(record=False), loader)
     return watch.rate

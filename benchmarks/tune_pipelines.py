@@ -26,7 +26,7 @@ from itertools import product
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, quiet_trainer, timed_loader
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 
@@ -83,16 +83,7 @@ def tune(pipeline: Pipeline, epoch_steps: int) -> TuneDecision | None:
         pipeline.dataset(epoch_steps * pipeline.batch_size), batch_size=pipeline.batch_size, shuffle=True
     )
     guard = LoadGuard(print_summary=False, auto_tune=TuneOptions())
-    trainer = pl.Trainer(
-        max_epochs=1,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
     trainer.fit(TimedModule(step_s=pipeline.step_s, record=False), loader)
     return guard.decision
 

@@ -311,6 +311,24 @@ def standard_scenarios(num_workers: int, persistent_workers: bool = False) -> li
     ]
 
 
+def quiet_trainer(**overrides: Any) -> Any:
+    """A CPU ``Trainer`` for measurements: no logger, progress bar, model summary or checkpoints.
+
+    Example:
+        >>> quiet_trainer(max_epochs=1).max_epochs
+        1
+    """
+    settings: dict[str, Any] = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "accelerator": "cpu",
+        "devices": 1,
+    }
+    return pl.Trainer(**{**settings, **overrides})
+
+
 def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tuple[Any, TimedModule]:
     """Train on the scenario's pipeline with a :class:`~lightning_loadguard.LoadGuard` attached.
 
@@ -323,15 +341,5 @@ def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tu
     guard_kwargs.setdefault("print_summary", False)
     guard = LoadGuard(**guard_kwargs)
     module = TimedModule(step_s=scenario.step_s, features=scenario.dataset().features)
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
-    trainer.fit(module, scenario.loader())
+    quiet_trainer(max_epochs=epochs, callbacks=[guard]).fit(module, scenario.loader())
     return guard, module

@@ -7,10 +7,10 @@ import os
 import sys
 import warnings
 
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
 
 warnings.filterwarnings("ignore")
 
@@ -21,18 +21,7 @@ def main(out_dir: str) -> None:
     # Rank 1 makes each batch in 20 ms with one worker; rank 0 in no time; the step takes 5 ms.
     dataset = TimedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
     guard = LoadGuard(window=20, print_summary=False)
-    trainer = Trainer(
-        strategy="ddp",
-        accelerator="cpu",
-        devices=2,
-        max_epochs=1,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        log_every_n_steps=10,
-    )
+    trainer = quiet_trainer(strategy="ddp", devices=2, max_epochs=1, callbacks=[guard], log_every_n_steps=10)
     trainer.fit(TimedModule(step_s=0.005), timed_loader(dataset, batch_size=4, num_workers=1))
     snapshot = guard.snapshot
     assert snapshot is not None and guard.diagnosis is not None

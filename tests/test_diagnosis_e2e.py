@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, default_collate
 
 import lightning_loadguard.callback as callback_module
@@ -26,7 +25,7 @@ from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model import simulate_buffer
 from lightning_loadguard.model.capacity import DEEP_PREFETCH, PREFETCH_TOLERANCE, workers_needed
 from lightning_loadguard.model.findings import Diagnosis, Finding
-from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, quiet_trainer, timed_loader
 
 BATCH = 4
 
@@ -40,17 +39,7 @@ def _fit(
     max_steps: int = -1,
 ) -> LoadGuard:
     guard = LoadGuard(window=window, print_summary=False)
-    trainer = Trainer(
-        max_epochs=max_epochs,
-        max_steps=max_steps,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = quiet_trainer(max_epochs=max_epochs, max_steps=max_steps, callbacks=[guard])
     trainer.fit(module, loader)
     return guard
 

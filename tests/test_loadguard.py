@@ -14,21 +14,12 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
 
 
 def _trainer(guard: LoadGuard | None, **kwargs: Any) -> Trainer:
-    kwargs.setdefault("logger", False)
     kwargs.setdefault("max_epochs", 1)
-    return Trainer(
-        callbacks=[guard] if guard else [],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
+    return quiet_trainer(callbacks=[guard] if guard else [], **kwargs)
 
 
 def _seen(with_guard: bool) -> list[int]:

@@ -8,7 +8,7 @@ import warnings
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
 from lightning_loadguard.tuning.session import TuneOptions
 
 
@@ -20,17 +20,7 @@ def main(out: str) -> None:
         print_summary=False, auto_tune=TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
     )
     module = TimedModule(step_s=0.004)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        callbacks=[guard],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[guard], devices=2, strategy="ddp")
     trainer.fit(module, loader)
     decision = guard.decision.to_dict() if guard.decision else None
     with open(f"{out}.rank{trainer.global_rank}", "w") as f:
