@@ -15,7 +15,7 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.host import host_facts
 from lightning_loadguard.meters.window import HostFacts
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
 from lightning_loadguard.tuning import session as session_module
 from lightning_loadguard.tuning.session import TuneOptions
 
@@ -38,16 +38,9 @@ def fit(
     pl.seed_everything(11, verbose=False)
     guard = LoadGuard(print_summary=False, auto_tune=tune)
     module = module or TimedModule(step_s=step_s)
-    settings: dict[str, Any] = {
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "accelerator": "cpu",
-        "devices": 1,
-        "default_root_dir": root,
-    }
-    trainer = pl.Trainer(max_epochs=epochs, callbacks=[guard, *(callbacks or [])], **{**settings, **trainer_kwargs})
+    trainer = quiet_trainer(
+        max_epochs=epochs, callbacks=[guard, *(callbacks or [])], default_root_dir=root, **trainer_kwargs
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loader, val_loader, ckpt_path=ckpt_path)
