@@ -118,9 +118,9 @@ class LoadGuard(_pl.Callback):
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
         self._said: set[str] = set()
+        self._switched_off: set[str] = set()
         self._host_key = float(host_key())
         self._processes_on_host = 1
-        self._hooked = False
         self._trainer: Any = None
         self.auto_tune = auto_tune
         self._tuner: TuningSession | None = None
@@ -144,7 +144,7 @@ class LoadGuard(_pl.Callback):
 
     def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
         """Run a measurement step; a failure is reported once and never reaches the training run."""
-        if self._disabled(what):
+        if what in self._switched_off:
             return None
         try:
             return fn(*args)
@@ -154,11 +154,8 @@ class LoadGuard(_pl.Callback):
                 f"{what} failed and is skipped from now on ({type(err).__name__}: {err}, "
                 f"at {where.filename}:{where.lineno}). Training is not affected."
             )
-            self._said.add(f"disabled:{what}")
+            self._switched_off.add(what)
             return None
-
-    def _disabled(self, what: str) -> bool:
-        return f"disabled:{what}" in self._said
 
     def _on_epoch_start(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
@@ -226,7 +223,7 @@ class LoadGuard(_pl.Callback):
             trainer,
             lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop),
         )
-        self._hooked = _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
+        _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
         self._gpu = GpuUtilization(trainer.strategy.root_device)
         if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
@@ -445,7 +442,7 @@ class LoadGuard(_pl.Callback):
             total_batches_made=self._producer.total_batches,
             total_busy_s=self._producer.total_busy_s,
             epoch_start_s=tuple(self._epoch_start_s),
-            notes=sorted(m for m in self._said if not m.startswith("disabled:")),
+            notes=sorted(self._said),
         )
         if self.diagnosis is not None:
             text += "\n\n" + plain_text(self.diagnosis.to_text())

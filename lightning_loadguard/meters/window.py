@@ -149,14 +149,6 @@ class WindowSnapshot:
         return min(1.0, sum(self.production_cpu_s) / busy)
 
     @property
-    def queued_share(self) -> float | None:
-        """Share of the workers' busy time spent waiting for a core (high: the host is oversubscribed)."""
-        busy = sum(self.production_s)
-        if not self.production_queued_s or busy <= 0:
-            return None
-        return min(1.0, sum(self.production_queued_s) / busy)
-
-    @property
     def inflight_bytes(self) -> int | None:
         """In-flight batch bytes of this rank's loader alone."""
         if self.batch_bytes is None:
