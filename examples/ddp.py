@@ -93,3 +93,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # An initialized gloo group left to the interpreter's exit can abort the process (SIGABRT,
+    # "terminate called without an active exception") after training has finished.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -272,16 +272,19 @@ class Scenario:
         return run.waits
 
     def observed_receive_s(self, module: TimedModule) -> float:
-        """The cost of taking an already-made batch from a worker, as the module's own clock saw it.
+        """What a fetch costs beyond making the batch, as the module's own clock saw it.
 
-        It is the median gap between the end of a step and the next batch's arrival, over the last
-        ``window`` steps on which the model says the batch was already made. ``0`` without workers (the
-        batch is made in the fetch) or when every step waited (then the gap is all production).
+        With workers: the median gap between the end of a step and the next batch's arrival, over the last
+        ``window`` steps on which the model says the batch was already made (taking it from the worker);
+        ``0`` when every step waited (then the gap is all production). Without workers: the median of each
+        fetch's gap less its batch's known production time (the loader's own work around the samples).
         """
-        if not self.num_workers:
-            return 0.0
-        waits = self.simulated_waits()[-self.window :]
         gaps = module.gaps[-self.window :]
+        if not self.num_workers:
+            costs = self.batch_costs()[-self.window :]
+            extra = sorted(max(0.0, gap - cost) for gap, cost in zip(gaps, costs, strict=False))
+            return extra[len(extra) // 2] if extra else 0.0
+        waits = self.simulated_waits()[-self.window :]
         ready = sorted(gap for gap, wait in zip(gaps, waits, strict=False) if wait <= 1e-9)
         return ready[len(ready) // 2] if ready else 0.0
 
@@ -289,11 +292,11 @@ class Scenario:
         """Wait fraction over the last ``window`` steps of an epoch, from the bounded-buffer model.
 
         Args:
-            receive_s: the main process's cost of taking a batch that is already made from a worker
-                (unpickling, attaching shared memory; see :meth:`observed_receive_s`). It is part of every
-                fetch, so it counts as wait, and it keeps the consumer busy between steps.
+            receive_s: what each fetch costs beyond making the batch (see :meth:`observed_receive_s`): with
+                workers, taking a made batch from one (unpickling, attaching shared memory), which also
+                keeps the consumer busy between steps; without, the loader's own work around the samples.
+                It is part of every fetch, so it counts as wait.
         """
-        receive_s = receive_s if self.num_workers else 0.0
         waits = [wait + receive_s for wait in self.simulated_waits(receive_s)[-self.window :]]
         return sum(waits) / (sum(waits) + self.step_s * len(waits))
 

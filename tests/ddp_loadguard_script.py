@@ -7,6 +7,7 @@ import os
 import sys
 import warnings
 
+import torch
 from lightning.pytorch import seed_everything
 
 from lightning_loadguard import LoadGuard
@@ -42,3 +43,7 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # An initialized gloo group left to the interpreter's exit can abort the process (SIGABRT,
+    # "terminate called without an active exception") after training has finished.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -6,6 +6,8 @@ import json
 import sys
 import warnings
 
+import torch
+
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
@@ -29,3 +31,7 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # An initialized gloo group left to the interpreter's exit can abort the process (SIGABRT,
+    # "terminate called without an active exception") after training has finished.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
