@@ -106,21 +106,32 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
     assert type(loader) is DataLoader
 
 
+def _probed(loader: DataLoader) -> list[tuple[bool | None, int | None, float]]:
+    fetches: list[tuple[bool | None, int | None, float]] = []
+    assert instrument(loader, LoaderProbe(ProducerMeter(8), lambda s: None, lambda *seen: fetches.append(seen))) is None
+    return fetches
+
+
 def test_readiness_is_the_asked_batch_not_any_batch() -> None:
     # Batch 0 (worker 0) is slow, batch 1 (worker 1) fast: when the consumer asks for batch 0, batch 1 is
     # already waiting in the queue, but the batch asked for is not.
     dataset = TimedDataset(length=16, sample_s=0.0, burst_every=1000, burst_s=0.3)
-    fetches: list[tuple[bool | None, int | None, float]] = []
-    probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda *seen: fetches.append(seen))
-    loader = DataLoader(dataset, batch_size=4, num_workers=2, worker_init_fn=_slow_start)
-    assert instrument(loader, probe) is None
+    loader = DataLoader(dataset, batch_size=4, num_workers=2)
+    fetches = _probed(loader)
     iterator = iter(loader)
     time.sleep(0.15)
     list(iterator)
-    ready = [r for r, _, _ in fetches]
-    assert ready[:2] == [False, True]
-    # The first fetch waited for the workers' 0.2 s start-up: that part is the epoch's start, not data wait.
-    assert 0.05 <= fetches[0][2] <= 0.3 and all(startup == 0.0 for _, _, startup in fetches[1:])
+    assert [ready for ready, _, _ in fetches][:2] == [False, True]
+
+
+def test_waiting_for_worker_start_up_is_not_data_wait() -> None:
+    # Asked for at once, the first batch waits for the workers' 0.2 s start-up: that part is the epoch's
+    # start, not data wait; no later fetch carries any.
+    loader = DataLoader(TimedDataset(length=16), batch_size=4, num_workers=2, worker_init_fn=_slow_start)
+    fetches = _probed(loader)
+    list(loader)
+    assert 0.1 <= fetches[0][2] <= 0.4
+    assert all(startup == 0.0 for _, _, startup in fetches[1:])
 
 
 def _slow_start(worker_id: int) -> None:
