@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
+
+# The pipelines with known timings and their expected figures live beside the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from pipelines import quiet_trainer
 
 
 @dataclass(frozen=True)

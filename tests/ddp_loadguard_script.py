@@ -9,9 +9,10 @@ import warnings
 
 import torch
 from lightning.pytorch import seed_everything
+from pipelines import quiet_trainer
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 
 warnings.filterwarnings("ignore")
 

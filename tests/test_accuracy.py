@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from lightning_loadguard.synthetic import Scenario, fit_scenario, standard_scenarios
+from pipelines import Scenario, fit_scenario, standard_scenarios
 
 WAIT_TOLERANCE = 0.03  # absolute
 CAPACITY_TOLERANCE = 0.10  # relative

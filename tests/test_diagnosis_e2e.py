@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pipelines import SlowHandoverCollate, quiet_trainer
 from torch.utils.data import DataLoader, default_collate
 
 import lightning_loadguard.callback as callback_module
@@ -25,7 +26,7 @@ from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model import simulate_buffer
 from lightning_loadguard.model.capacity import DEEP_PREFETCH, PREFETCH_TOLERANCE, workers_needed
 from lightning_loadguard.model.findings import Diagnosis, Finding
-from lightning_loadguard.synthetic import SlowHandoverCollate, TimedDataset, TimedModule, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 
 BATCH = 4
 

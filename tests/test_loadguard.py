@@ -11,10 +11,11 @@ import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 
 
 def _trainer(guard: LoadGuard | None, **kwargs: Any) -> Trainer:

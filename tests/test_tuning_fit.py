@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.host import host_facts
 from lightning_loadguard.meters.window import HostFacts
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning import session as session_module
 from lightning_loadguard.tuning.session import TuneOptions
 

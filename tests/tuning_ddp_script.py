@@ -7,10 +7,11 @@ import sys
 import warnings
 
 import torch
+from pipelines import quiet_trainer
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.session import TuneOptions
 
 
