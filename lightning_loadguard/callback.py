@@ -23,6 +23,7 @@ from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
 from lightning_loadguard.model.findings import Diagnosis
+from lightning_loadguard.model.stable import StableDiagnosis
 from lightning_loadguard.report import format_summary, plain_text
 
 if TYPE_CHECKING:
@@ -133,7 +134,8 @@ class LoadGuard(_pl.Callback):
         self.diagnosis: Diagnosis | None = None
         """The current diagnosis: ``diagnosis.verdict`` names the dominant constraint, with all findings."""
         self._history: deque[tuple[int, WindowSnapshot]] = deque(maxlen=5)
-        self._spoken_key: tuple[object, ...] | None = None
+        self._stable = StableDiagnosis()
+        self._unlogged_change = False
 
     # -- plumbing --------------------------------------------------------------------------------------
 
@@ -391,18 +393,18 @@ class LoadGuard(_pl.Callback):
                 inflight_host_bytes=int(inflight) if inflight is not None else None,
             )
         if self.snapshot is not None and self.snapshot.steps:
-            self._guarded("diagnosing", self._diagnose, trainer)
+            self._guarded("diagnosing", self._diagnose, trainer, not log)
         if not log:
             return
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
         step = _pl.log_step(trainer)
         for logger in trainer.loggers:
             self._guarded(f"logging to {type(logger).__name__}", logger.log_metrics, metrics, step)
-        if self.diagnosis is not None and self.diagnosis.key() != self._spoken_key:
-            self._spoken_key = self.diagnosis.key()
+        if self.diagnosis is not None and self._unlogged_change:
+            self._unlogged_change = False
             self._guarded("logging the diagnosis", self._log_diagnosis, trainer, step)
 
-    def _diagnose(self, trainer: Any) -> None:
+    def _diagnose(self, trainer: Any, closing: bool = False) -> None:
         snapshot = self.snapshot
         assert snapshot is not None
         batches = trainer.num_training_batches
@@ -411,7 +413,10 @@ class LoadGuard(_pl.Callback):
         # step counts twice. Their production times are left out: the current window already spans several.
         now = self._consumer.total_steps
         earlier = tuple(past for steps, past in self._history if now - steps >= self.window)
-        self.diagnosis = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch)
+        # What is reported changes only when a new verdict holds over several windows (hysteresis).
+        raw = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch)
+        self.diagnosis = self._stable.update(raw, settled=snapshot.steps >= self.window, closing=closing)
+        self._unlogged_change = self._unlogged_change or self._stable.changed
         if not self._history or now - self._history[-1][0] >= self.window:
             stripped = replace(snapshot, production_s=(), production_cpu_s=(), production_queued_s=())
             self._history.append((now, stripped))

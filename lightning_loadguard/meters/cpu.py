@@ -1,0 +1,262 @@
+"""The host's CPU, measured: the cores this process may use, and who used them over a window.
+
+Two facts decide whether one more loader worker can get a core:
+
+- **Cores this process may use**: its affinity mask, narrowed by its container's CPU quota (cgroup v2
+  ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``). A pod limited to 4 CPUs on a 64-core node
+  sees all 64 CPUs in its affinity mask; only the quota says 4.
+- **Who used them over the last window**: the training process's own threads (the loop, torch's intra-op
+  pool, the pin-memory thread), its loader workers (its child processes), and everything else on those CPUs
+  (other jobs, and other training ranks of the same host, which a per-host reduction can separate out).
+
+:class:`CpuSampler` reads these once per window (a few ``/proc`` reads), never per batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def affinity_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (all CPUs where the platform has no affinity mask)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(psutil.cpu_count(logical=True) or 1))
+
+
+def _cgroup_paths(proc_cgroup: str) -> dict[str, str]:
+    """``/proc/self/cgroup`` as {controller: path}; the v2 unified hierarchy under the key ``""``."""
+    paths: dict[str, str] = {}
+    try:
+        text = Path(proc_cgroup).read_text()
+    except OSError:
+        return paths
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            paths[name] = path
+    return paths
+
+
+def _ancestors(mount: Path, path: str) -> list[Path]:
+    """``mount/path`` and each of its parents down to ``mount`` itself: a limit set on any of them applies.
+
+    Inside a container the path named in ``/proc/self/cgroup`` may not exist under the mount (the container
+    sees its own cgroup as the root); the mount itself is then the one to read.
+    """
+    parts = [p for p in path.strip("/").split("/") if p]
+    return [mount.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _read_v2(directory: Path) -> float | None:
+    try:
+        quota, *period = (directory / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return int(quota) / int(period[0] if period else 100_000)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _read_v1(directory: Path) -> float | None:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    if quota <= 0 or period <= 0:
+        return None  # -1: no quota
+    return quota / period
+
+
+def cgroup_cpu_limit(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> float | None:
+    """Cores the container's CPU quota allows (may be fractional), or ``None`` without a quota.
+
+    Reads cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` along this process's
+    cgroup path; the tightest limit found counts.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (root / "cpu.max").write_text("250000 100000\\n")
+        >>> _ = (root / "self_cgroup").write_text("0::/\\n")
+        >>> cgroup_cpu_limit(str(root), str(root / "self_cgroup"))
+        2.5
+    """
+    mount = Path(root)
+    paths = _cgroup_paths(proc_cgroup)
+    limits: list[float] = []
+    if "" in paths:
+        # v2: the unified hierarchy is mounted at the root itself (or under "unified" in hybrid mode).
+        for base in (mount, mount / "unified"):
+            limits += [v for d in _ancestors(base, paths[""]) if (v := _read_v2(d)) is not None]
+    for controller in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        if "cpu" not in paths:
+            break
+        base = mount / controller
+        limits += [v for d in _ancestors(base, paths["cpu"]) if (v := _read_v1(d)) is not None]
+    return min(limits) if limits else None
+
+
+def usable_cores(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> float:
+    """Cores this process may use: its affinity mask, narrowed by its container's CPU quota.
+
+    Example:
+        >>> usable_cores() <= len(affinity_cpus())
+        True
+    """
+    cpus = float(len(affinity_cpus()))
+    quota = cgroup_cpu_limit(root, proc_cgroup)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def usable_cpu_count(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> int:
+    """Whole cores this process may use (at least 1): :func:`usable_cores` rounded down.
+
+    Example:
+        >>> usable_cpu_count() >= 1
+        True
+    """
+    return max(1, math.floor(usable_cores(root, proc_cgroup) + 1e-9))
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """Cores in use over one window (CPU seconds per second of wall time).
+
+    Attributes:
+        window_s: wall seconds the window spans.
+        usable_cores: cores this process may use (affinity and quota).
+        host_cores: CPUs in this process's affinity mask (what the rest of the host competes for).
+        loop_cores: the training process's own threads (the loop, torch's intra-op pool, pin-memory).
+        worker_cores: its loader workers (child processes).
+        busy_cores: everything that ran on the affinity CPUs, this process and its workers included.
+
+    Example:
+        Two usable cores: the loop's threads used 1.2, the workers 0.5, another job 0.3.
+
+        >>> use = CpuUse(1.0, 2.0, 2, loop_cores=1.2, worker_cores=0.5, busy_cores=2.0)
+        >>> round(use.other_cores, 3), round(use.spare_cores, 3)
+        (0.3, 0.0)
+    """
+
+    window_s: float
+    usable_cores: float
+    host_cores: int
+    loop_cores: float
+    worker_cores: float
+    busy_cores: float | None = None
+
+    @property
+    def training_cores(self) -> float:
+        return self.loop_cores + self.worker_cores
+
+    @property
+    def other_cores(self) -> float:
+        """Cores everything else on this process's CPUs used (``0`` where system-wide use is unknown)."""
+        if self.busy_cores is None:
+            return 0.0
+        return max(0.0, self.busy_cores - self.training_cores)
+
+    def others_excluding(self, training_cores_on_host: float) -> float:
+        """Cores used by non-training work, given what all training processes of this host used."""
+        if self.busy_cores is None:
+            return 0.0
+        return max(0.0, self.busy_cores - max(training_cores_on_host, self.training_cores))
+
+    @property
+    def spare_cores(self) -> float:
+        """Cores nobody used in the window: the smaller of the quota's and the CPUs' remainder."""
+        quota_left = self.usable_cores - self.training_cores
+        host_left = self.host_cores - (self.busy_cores if self.busy_cores is not None else self.training_cores)
+        return max(0.0, min(quota_left, host_left))
+
+
+def _busy_seconds(cpus: tuple[int, ...]) -> float | None:
+    """CPU seconds spent not idle, summed over ``cpus``, since boot."""
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (psutil.Error, OSError):
+        return None
+    total = 0.0
+    for index in cpus:
+        if index >= len(per_cpu):
+            continue
+        times = per_cpu[index]
+        idle = times.idle + getattr(times, "iowait", 0.0) + getattr(times, "steal", 0.0)
+        total += sum(times) - idle - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total
+
+
+class CpuSampler:
+    """Samples CPU use once per window: this process, its workers, and the CPUs it runs on.
+
+    The training process's CPU time covers all of its threads (torch's intra-op pool included); its
+    workers' is that of its live child processes plus what reaped children used, so workers that exited
+    between two samples (a new epoch's iterator) still count.
+
+    Example:
+        >>> sampler = CpuSampler()
+        >>> sampler.sample() is None  # the first call only starts the window
+        True
+        >>> _ = sum(i * i for i in range(100_000))
+        >>> use = sampler.sample()
+        >>> use is not None and use.loop_cores >= 0
+        True
+    """
+
+    def __init__(self, cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> None:
+        self._process = psutil.Process()
+        self._cpus = affinity_cpus()
+        self._usable = usable_cores(cgroup_root, proc_cgroup)
+        self._last: tuple[float, float, float, float | None] | None = None
+
+    def _read(self) -> tuple[float, float, float, float | None]:
+        times = self._process.cpu_times()
+        own = times.user + times.system
+        workers = times.children_user + times.children_system
+        for child in self._process.children(recursive=True):
+            try:
+                child_times = child.cpu_times()
+            except psutil.Error:
+                continue  # exited since the listing: counted with the reaped children once reaped
+            workers += child_times.user + child_times.system
+        return time.monotonic(), own, workers, _busy_seconds(self._cpus)
+
+    def sample(self) -> CpuUse | None:
+        """The cores used since the previous call, or ``None`` on the first call (or if unreadable)."""
+        try:
+            now = self._read()
+        except (psutil.Error, OSError):
+            return None
+        last, self._last = self._last, now
+        if last is None:
+            return None
+        seconds = now[0] - last[0]
+        if seconds <= 0:
+            return None
+        busy = None if now[3] is None or last[3] is None else max(0.0, now[3] - last[3]) / seconds
+        return CpuUse(
+            window_s=seconds,
+            usable_cores=self._usable,
+            host_cores=len(self._cpus),
+            loop_cores=max(0.0, now[1] - last[1]) / seconds,
+            worker_cores=max(0.0, now[2] - last[2]) / seconds,
+            busy_cores=busy,
+        )

@@ -1,0 +1,157 @@
+"""The host's CPU as measured: container quotas from cgroup files, and who used the cores over a window."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_loadguard.meters.cpu import (
+    CpuSampler,
+    CpuUse,
+    affinity_cpus,
+    cgroup_cpu_limit,
+    usable_cores,
+    usable_cpu_count,
+)
+
+
+def _cgroup(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[str, str]:
+    for name, text in files.items():
+        path = tmp_path / "fs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "fs").mkdir(exist_ok=True)
+    proc = tmp_path / "self_cgroup"
+    proc.write_text(self_cgroup)
+    return str(tmp_path / "fs"), str(proc)
+
+
+def test_cgroup_v2_quota_on_the_process_cgroup(tmp_path: Path) -> None:
+    root, proc = _cgroup(tmp_path, "0::/kubepods/pod1/c1\n", {"kubepods/pod1/c1/cpu.max": "400000 100000\n"})
+    assert cgroup_cpu_limit(root, proc) == 4.0
+
+
+def test_cgroup_v2_a_parent_limit_applies_and_the_tightest_wins(tmp_path: Path) -> None:
+    root, proc = _cgroup(
+        tmp_path,
+        "0::/kubepods/pod1/c1\n",
+        {"kubepods/pod1/c1/cpu.max": "max 100000\n", "kubepods/pod1/cpu.max": "150000 100000\n"},
+    )
+    assert cgroup_cpu_limit(root, proc) == 1.5
+
+
+def test_cgroup_v2_without_a_limit(tmp_path: Path) -> None:
+    root, proc = _cgroup(tmp_path, "0::/\n", {"cpu.max": "max 100000\n"})
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_cgroup_v2_container_sees_its_own_cgroup_as_the_mount(tmp_path: Path) -> None:
+    # The path in /proc/self/cgroup does not exist inside the container's namespace: the mount is read.
+    root, proc = _cgroup(tmp_path, "0::/../outside\n", {"cpu.max": "200000 100000\n"})
+    assert cgroup_cpu_limit(root, proc) == 2.0
+
+
+def test_cgroup_v1_quota_and_period(tmp_path: Path) -> None:
+    root, proc = _cgroup(
+        tmp_path,
+        "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n",
+        {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"},
+    )
+    assert cgroup_cpu_limit(root, proc) == 3.0
+
+
+def test_cgroup_v1_no_quota_is_minus_one(tmp_path: Path) -> None:
+    root, proc = _cgroup(
+        tmp_path, "2:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    )
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_unreadable_cgroup_files_mean_no_quota(tmp_path: Path) -> None:
+    assert cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path / "missing_proc")) is None
+    root, proc = _cgroup(tmp_path, "0::/\n", {"cpu.max": "garbage\n"})
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_usable_cores_is_the_affinity_mask_narrowed_by_the_quota(tmp_path: Path) -> None:
+    cpus = len(affinity_cpus())
+    root, proc = _cgroup(tmp_path, "0::/\n", {"cpu.max": f"{int(cpus * 100000 / 2)} 100000\n"})
+    assert usable_cores(root, proc) == pytest.approx(cpus / 2)
+    assert usable_cpu_count(root, proc) == max(1, cpus // 2)
+    wide, proc2 = _cgroup(tmp_path / "w", "0::/\n", {"cpu.max": f"{cpus * 4 * 100000} 100000\n"})
+    assert usable_cores(wide, proc2) == cpus  # a quota above the mask does not add cores
+
+
+def test_spare_cores_take_the_tighter_of_quota_and_host() -> None:
+    # A 2-core quota on an 8-CPU host that other jobs keep busy on 7 of the CPUs: 1 CPU free, 1.5 of quota.
+    use = CpuUse(1.0, usable_cores=2.0, host_cores=8, loop_cores=0.5, worker_cores=0.0, busy_cores=7.0)
+    assert use.other_cores == pytest.approx(6.5)
+    assert use.spare_cores == pytest.approx(1.0)
+    # Other ranks of this host (1.5 cores) are training, not "other" work.
+    assert use.others_excluding(training_cores_on_host=2.0) == pytest.approx(5.0)
+
+
+_SPIN = """
+import sys, time
+end = time.process_time() + float(sys.argv[1])
+while time.process_time() < end:
+    pass
+print(time.process_time())
+"""
+
+
+def test_sampler_counts_a_child_processes_cpu_time_as_the_workers_including_after_it_exits() -> None:
+    sampler = CpuSampler()
+    sampler.sample()
+    child = subprocess.run([sys.executable, "-c", _SPIN, "0.3"], capture_output=True, text=True, check=True)
+    use = sampler.sample()
+    assert use is not None
+    child_cpu = float(child.stdout.split()[-1])  # the child's own clock, which includes interpreter start-up
+    # /proc accounts in clock ticks (10 ms); interpreter start-up is in both figures.
+    assert use.worker_cores * use.window_s == pytest.approx(child_cpu, abs=0.05)
+    assert use.loop_cores * use.window_s < 0.2  # the parent only waited
+
+
+def test_sampler_counts_the_processes_own_threads_by_an_independent_clock() -> None:
+    sampler = CpuSampler()
+    sampler.sample()
+    start = time.process_time()
+    end = start + 0.2
+    while time.process_time() < end:
+        pass
+    spent = time.process_time() - start
+    use = sampler.sample()
+    assert use is not None
+    assert use.loop_cores * use.window_s == pytest.approx(spent, abs=0.03)
+    assert use.worker_cores * use.window_s < 0.02
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide CPU times per CPU: Linux /proc/stat")
+def test_sampler_sees_a_process_that_is_not_ours_as_other_work(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.txt"
+    # Started through a shell that exits at once: the spinner is re-parented, not a child of the test.
+    script = tmp_path / "spin.py"
+    script.write_text(_SPIN)
+    sampler = CpuSampler()
+    sampler.sample()
+    subprocess.run(f"{sys.executable} {script} 0.4 > {out} &", shell=True, check=True)
+    deadline = time.monotonic() + 30
+    while (not out.exists() or not out.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    use = sampler.sample()
+    assert use is not None and use.busy_cores is not None
+    spinner_cpu = float(out.read_text().split()[-1])
+    # Everything else on the host adds to "other": the spinner is a lower bound (less tick rounding).
+    assert use.other_cores * use.window_s >= spinner_cpu - 0.05
+    assert use.worker_cores * use.window_s < 0.05
+
+
+def test_sampler_first_call_starts_the_window() -> None:
+    sampler = CpuSampler()
+    assert sampler.sample() is None
+    assert os.cpu_count()

@@ -1,0 +1,105 @@
+"""Hysteresis: a sequence of windows near a verdict's boundary is spoken once; a real change is spoken."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.model import diagnose
+from lightning_loadguard.model.stable import StableDiagnosis
+
+_HOST = HostFacts(cpu_count=32)
+
+
+def _in_process(wait_s: float, step_s: float = 0.1, steps: int = 50) -> WindowSnapshot:
+    """``num_workers=0``: each step waits ``wait_s`` for its batch (the fetch is the production)."""
+    return WindowSnapshot(wait_s=(wait_s,) * steps, step_s=(step_s,) * steps, host=_HOST)
+
+
+def _one_worker(production_s: float, step_s: float = 0.1, steps: int = 50) -> WindowSnapshot:
+    """One worker slower than the step: a deficit whose worker count comes from ``production_s``."""
+    return WindowSnapshot(
+        wait_s=(max(0.0, production_s - step_s),) * steps,
+        step_s=(step_s,) * steps,
+        settings=LoaderSettings(num_workers=1, prefetch_factor=2),
+        host=_HOST,
+        production_s=(production_s,) * steps,
+    )
+
+
+def test_windows_either_side_of_the_wait_line_speak_once() -> None:
+    rng = random.Random(0)
+    stable = StableDiagnosis()
+    raw_verdicts = []
+    for _ in range(60):
+        # 4.6 % .. 5.4 % of the loop waiting: either side of WAIT_OK, by noise alone.
+        fraction = rng.uniform(0.046, 0.054)
+        wait = 0.1 * fraction / (1 - fraction)
+        d = diagnose(_in_process(wait))
+        raw_verdicts.append(d.verdict)
+        stable.update(d)
+    flips = sum(a != b for a, b in itertools.pairwise(raw_verdicts))
+    assert flips >= 10  # the raw verdict really does flip: the test is near the boundary
+    assert stable.changes == 1
+
+
+def test_a_worker_count_rounded_either_way_speaks_once() -> None:
+    rng = random.Random(1)
+    stable = StableDiagnosis()
+    counts = []
+    for _ in range(40):
+        # 0.165 s per batch asks for 2 workers at 10 steps/s (+20 %), 0.17 s for 3.
+        d = diagnose(_one_worker(rng.choice([0.165, 0.17])))
+        counts.append(d.findings[0].evidence["workers_needed"])
+        stable.update(d)
+    assert set(counts) == {2, 3}
+    assert stable.changes == 1
+
+
+def test_a_real_change_is_spoken_after_it_holds_and_an_outlier_is_not() -> None:
+    stable = StableDiagnosis(hold=3)
+    healthy, starved = diagnose(_in_process(0.0005)), diagnose(_in_process(0.05))
+    assert (healthy.verdict, starved.verdict) == ("compute_bound", "producer_deficit")
+    spoken = [stable.update(d).verdict for d in [healthy, healthy, starved, healthy, healthy]]
+    assert spoken == ["compute_bound"] * 5 and stable.changes == 1  # one window is an outlier
+    spoken = [stable.update(d).verdict for d in [starved, starved, starved, starved]]
+    assert spoken == ["compute_bound", "compute_bound", "producer_deficit", "producer_deficit"]
+    assert stable.changes == 2 and stable.changed is False
+    # Back to healthy, once it holds.
+    spoken = [stable.update(healthy).verdict for _ in range(3)]
+    assert spoken[-1] == "compute_bound" and stable.changes == 3
+
+
+def test_the_spoken_diagnosis_carries_the_latest_figures_while_the_advice_is_the_same() -> None:
+    stable = StableDiagnosis()
+    first, later = diagnose(_in_process(0.05)), diagnose(_in_process(0.06))
+    stable.update(first)
+    assert stable.update(later) is later
+    assert stable.changes == 1
+
+
+@pytest.mark.parametrize(("field", "value"), [("hold", 0), ("hold", 1.5), ("margin", 1.0), ("margin", -0.1)])
+def test_bad_settings_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        StableDiagnosis(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_closing_report_takes_the_latest_advice_under_the_verdict_that_held() -> None:
+    stable = StableDiagnosis()
+    two, three = diagnose(_one_worker(0.16)), diagnose(_one_worker(0.19))
+    stable.update(two)
+    assert stable.update(three) is two  # within the run, one window does not change the advice
+    assert stable.update(three, closing=True) is three  # the closing report uses the most data
+    healthy = diagnose(_in_process(0.0005))
+    assert stable.update(healthy, closing=True) is three  # the verdict itself still needs the hold
+
+
+def test_provisional_windows_are_reported_as_they_are() -> None:
+    stable = StableDiagnosis()
+    starved, healthy = diagnose(_in_process(0.05)), diagnose(_in_process(0.0005))
+    assert stable.update(starved, settled=False) is starved
+    assert stable.update(healthy) is healthy  # the first full window replaces a provisional one at once
+    assert stable.update(starved) is healthy
