@@ -1,40 +1,91 @@
-"""Readable text output: the end-of-fit summary table."""
+"""Readable text output, in one place: tables, markdown for a terminal, number formats, the end-of-fit summary."""
 
 from __future__ import annotations
 
+import io
+import math
+import textwrap
 from collections.abc import Sequence
 
 from lightning_loadguard.meters.window import LoaderSettings
+from lightning_loadguard.model.findings import Diagnosis
+
+_PREFIX = "loadguard/"
 
 
-def render_table(title: str, rows: Sequence[Sequence[str]], headers: Sequence[str] | None = None) -> str:
+def render_table(
+    title: str,
+    rows: Sequence[Sequence[str]],
+    headers: Sequence[str] | None = None,
+    *,
+    numbers: bool = False,
+    wrap: bool = False,
+) -> str:
     """A table drawn with ``rich`` where it is installed, as aligned plain text otherwise.
+
+    Args:
+        title: shown above the table.
+        rows: the cells, as text; the first column names the row.
+        headers: the column names, or ``None`` for a table without a header row.
+        numbers: the cells after the first are figures: right-aligned.
+        wrap: the cells are sentences: rich draws a line between rows; plain text writes each row as a
+            block (its first cell, then ``header: cell`` lines) instead of an aligned line. Needs ``headers``.
 
     Example:
         >>> print(render_table("t", [("a", "1"), ("bb", "22")], headers=("name", "value")))  # doctest: +SKIP
     """
+    if wrap and headers is None:
+        raise ValueError("render_table(wrap=True) needs headers: each cell is written after its column's name")
     columns = max((len(row) for row in rows), default=len(headers or ()))
     try:
-        from rich.console import Console
+        from rich.console import Console  # noqa: F401  (absent or blocked: plain text)
         from rich.table import Table
     except ImportError:
-        return _plain_table(title, rows, headers, columns)
-    table = Table(title=title, show_header=headers is not None, title_justify="left")
+        if wrap:
+            assert headers is not None
+            return _plain_blocks(title, rows, headers)
+        return _plain_grid(title, rows, headers, columns, numbers)
+    table = Table(title=title, show_header=headers is not None, title_justify="left", show_lines=wrap)
     for i in range(columns):
-        table.add_column(headers[i] if headers else "", style="bold" if i == 0 else None)
+        right = numbers and not wrap and i > 0
+        table.add_column(headers[i] if headers else "", style="bold" if i == 0 else None,
+                         justify="right" if right else "left")
     for row in rows:
         table.add_row(*row)
-    console = Console(width=120, record=True, file=_NullFile())
-    console.print(table)
-    return console.export_text().rstrip()
+    return _rich_text(table)
 
 
-def _plain_table(title: str, rows: Sequence[Sequence[str]], headers: Sequence[str] | None, columns: int) -> str:
+def _rich_text(renderable: object) -> str:
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(renderable)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")
+
+
+def _plain_grid(
+    title: str, rows: Sequence[Sequence[str]], headers: Sequence[str] | None, columns: int, numbers: bool
+) -> str:
     body = [list(headers)] if headers else []
     body += [list(row) + [""] * (columns - len(row)) for row in rows]
     widths = [max(len(line[i]) for line in body) for i in range(columns)]
     lines = [title, "-" * len(title)]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in body]
+    for n, line in enumerate(body):
+        pairs = enumerate(zip(line, widths, strict=True))
+        cells = [c.rjust(w) if numbers and i > 0 else c.ljust(w) for i, (c, w) in pairs]
+        lines.append("  ".join(cells).rstrip())
+        if headers and n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _plain_blocks(title: str, rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+    lines = [title, "-" * len(title)]
+    for row in rows:
+        lines.append(row[0])
+        for name, cell in zip(headers[1:], row[1:], strict=True):
+            if cell:
+                lines += textwrap.wrap(f"{name}: {cell}", 100, initial_indent="  ", subsequent_indent="    ")
     return "\n".join(lines)
 
 
@@ -48,12 +99,71 @@ def plain_text(markdown: str) -> str:
     return markdown.replace("**", "")
 
 
-class _NullFile:
-    def write(self, _: str) -> int:
-        return 0
+def render_markdown(markdown: str) -> str:
+    """Markdown (a diagnosis, a decision) for a terminal: through ``rich`` where installed, else :func:`plain_text`.
 
-    def flush(self) -> None:
-        pass
+    Example:
+        >>> "bursty" in render_markdown("**Data path: bursty**")
+        True
+    """
+    try:
+        from rich.console import Console  # noqa: F401  (absent or blocked: plain text)
+        from rich.markdown import Markdown
+    except ImportError:
+        return plain_text(markdown)
+    return _rich_text(Markdown(markdown))
+
+
+def format_number(value: float | None) -> str:
+    """A figure with as many digits as its size deserves; ``-`` when missing.
+
+    Example:
+        >>> format_number(1234.5), format_number(12.34), format_number(0.01234), format_number(None)
+        ('1,234', '12.3', '0.0123', '-')
+    """
+    if value is None or math.isnan(value):
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def metric_unit(name: str) -> str:
+    """The unit of a ``loadguard/*`` metric, from the naming convention the metric names follow.
+
+    Example:
+        >>> metric_unit("loadguard/data_wait_ms"), metric_unit("loadguard/throughput")
+        ('ms', 'batches/s')
+    """
+    short = name.removeprefix(_PREFIX)
+    if short.endswith("_ms"):
+        return "ms"
+    if short.endswith("_mb"):
+        return "MB"
+    if short.endswith("_fraction") or short == "gpu_util":
+        return "0..1"
+    if short.endswith("_rate") or short == "throughput":
+        return "batches/s"
+    return "rank" if short == "worst_rank" else ""
+
+
+def format_diagnosis(diagnosis: Diagnosis) -> str:
+    """A :class:`~lightning_loadguard.Diagnosis` as a table: each finding with its cost and its fix.
+
+    Example:
+        >>> from lightning_loadguard import Diagnosis, Finding
+        >>> d = Diagnosis("compute_bound", (Finding("compute_bound", 0.0, fix="Nothing.", summary="Fine."),))
+        >>> "compute_bound" in format_diagnosis(d)
+        True
+    """
+    rows = [[f.verdict, f"{f.severity:.0%}", f.summary, f.fix] for f in diagnosis.findings]
+    if diagnosis.draining is not None:
+        rows.append(["draining", "", diagnosis.draining.summary(), ""])
+    headers = ["finding", "cost", "what the figures show", "fix"]
+    return render_table(f"Diagnosis: {diagnosis.verdict}", rows, headers, wrap=True)
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:

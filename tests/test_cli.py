@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -12,7 +11,12 @@ import pytest
 from tensorboard_run import STEPS, fit_with_tensorboard
 
 from lightning_loadguard import cli
+from lightning_loadguard.cli import CommandError
+from lightning_loadguard.cli._demo import DEMO_LOAD_MS, DEMO_STEP_MS
+from lightning_loadguard.cli._plot import plot_run
+from lightning_loadguard.cli._runs import read_runs
 from lightning_loadguard.dashboard import METRICS
+from lightning_loadguard.report import metric_unit, render_table
 
 
 @pytest.fixture(scope="module")
@@ -32,35 +36,34 @@ def test_demo_shows_the_deficit_and_its_fix(tmp_path: Path, capsys: pytest.Captu
     assert "num_workers=1 (now 0)" in out
     assert "wait fraction (run)" in out
     assert f"tensorboard --logdir {tmp_path}" in out
+    # The diagnosis is shown once, as a table; the summary's own copy of it is left out.
+    assert out.count("Diagnosis: producer_deficit") == 1
+    assert "Data path:" not in out
     assert list(tmp_path.glob("demo/version_0/events.out.tfevents*"))
     # The run it wrote reads back: the waits of a loader that makes its batches in the training process.
-    run = cli.read_runs(tmp_path)[-1]
+    run = read_runs(tmp_path)[-1]
     wait = run.scalars["loadguard/wait_fraction"].latest
-    expected = cli.DEMO_LOAD_MS / (cli.DEMO_LOAD_MS + cli.DEMO_STEP_MS)
+    expected = DEMO_LOAD_MS / (DEMO_LOAD_MS + DEMO_STEP_MS)
     assert wait == pytest.approx(expected, abs=0.08)
     assert "producer_deficit" in run.texts["loadguard/diagnosis/text_summary"][1]
 
 
 def test_demo_auto_tune_fixes_the_deficit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tuner = importlib.util.find_spec("lightning_loadguard.tuning.session") is not None
     # The tuner measures the user's settings and a candidate within a fifth of epoch 0: 80 steps suffice.
     argv = ["demo", "--auto-tune", "--epochs", "1", "--batches", "80", "--logdir", str(tmp_path), "--no-progress"]
     rc = cli.main(argv)
     out = capsys.readouterr().out
     assert rc == 0
-    if not tuner:
-        assert "auto-tuning is not available in this installation" in out
-        return
     assert "auto-tuning on" in out
     assert "decision: workers=1" in out and "(improved)" in out
-    run = cli.read_runs(tmp_path)[-1]
+    run = read_runs(tmp_path)[-1]
     assert run.scalars["loadguard/wait_fraction"].values[0] > 0.3
     assert run.scalars["loadguard/wait_fraction"].latest < 0.1
 
 
 def test_report_reads_what_loadguard_logged(logdir: tuple[Path, dict[str, float]]) -> None:
     root, logged = logdir
-    runs = cli.read_runs(root)
+    runs = read_runs(root)
     assert [r.name for r in runs] == ["run/version_0"]
     run = runs[0]
     for name in ("loadguard/wait_fraction", "loadguard/producer_rate", "loadguard/throughput", "loadguard/step_ms"):
@@ -101,9 +104,9 @@ def test_plot_without_matplotlib_names_the_package(
     logdir: tuple[Path, dict[str, float]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    run = cli.read_runs(logdir[0])[-1]
-    with pytest.raises(cli.CommandError, match=r"matplotlib.*lightning-loadguard\[plot\]"):
-        cli.plot_run(run, tmp_path / "x.png")
+    run = read_runs(logdir[0])[-1]
+    with pytest.raises(CommandError, match=r"matplotlib.*lightning-loadguard\[plot\]"):
+        plot_run(run, tmp_path / "x.png")
 
 
 def test_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +165,8 @@ def test_help_runs_as_a_program() -> None:
 def test_tables_fall_back_to_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "rich", None)
     monkeypatch.setitem(sys.modules, "rich.console", None)
-    text = cli.render_grid("T", ["metric", "latest"], [["loadguard/step_ms", "4.1"], ["loadguard/throughput", "120"]])
+    rows = [["loadguard/step_ms", "4.1"], ["loadguard/throughput", "120"]]
+    text = render_table("T", rows, ["metric", "latest"], numbers=True)
     assert text.splitlines() == [
         "T",
         "-",
@@ -174,4 +178,13 @@ def test_tables_fall_back_to_plain_text(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_every_metric_has_a_unit() -> None:
-    assert all(cli._unit(name) for name in METRICS)
+    assert all(metric_unit(name) for name in METRICS)
+
+
+def test_functions_of_0_1_0_still_import_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="read_runs is internal"):
+        assert cli.read_runs is read_runs
+    with pytest.warns(DeprecationWarning, match="plot_run is internal"):
+        assert cli.plot_run is plot_run
+    with pytest.raises(AttributeError, match="render_grid"):
+        _ = cli.render_grid
