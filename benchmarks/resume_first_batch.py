@@ -14,7 +14,7 @@ import time
 
 from torch.utils.data import DataLoader
 
-from lightning_loadguard.position import make_resumable, resume_iterator
+from lightning_loadguard.position import make_resumable, planned_sampler, restart_iterator
 from lightning_loadguard.synthetic import TimedDataset
 
 
@@ -27,7 +27,7 @@ def _loader(args: argparse.Namespace) -> DataLoader:
 def planned_first_batch(args: argparse.Namespace, consumed: int) -> tuple[float, int]:
     loader = _loader(args)
     start = time.perf_counter()
-    batch = next(resume_iterator(loader, consumed))
+    batch = next(restart_iterator(loader, planned_sampler(loader), consumed))
     return time.perf_counter() - start, int(batch[0][0])
 
 

@@ -182,9 +182,9 @@ def test_every_metric_has_a_unit() -> None:
 
 
 def test_functions_of_0_1_0_still_import_with_a_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="read_runs is internal"):
+    with pytest.warns(DeprecationWarning, match="read_runs is deprecated"):
         assert cli.read_runs is read_runs
-    with pytest.warns(DeprecationWarning, match="plot_run is internal"):
+    with pytest.warns(DeprecationWarning, match="plot_run is deprecated"):
         assert cli.plot_run is plot_run
     with pytest.raises(AttributeError, match="render_grid"):
         _ = cli.render_grid

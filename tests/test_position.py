@@ -19,11 +19,11 @@ from lightning_loadguard.position import (
     PositionMismatchError,
     StatefulIterableTap,
     make_resumable,
+    planned_sampler,
     reshard_position,
-    resume_iterator,
-    seeded_iteration,
-    shard,
+    restart_iterator,
 )
+from lightning_loadguard.position.plan import seeded_iteration, shard
 
 
 def _flat(batches: list[torch.Tensor]) -> list[int]:
@@ -229,7 +229,7 @@ def test_planned_batch_sampler_skips_consumed_batches() -> None:
 
 
 @pytest.mark.parametrize("workers_before,workers_after", [(0, 2), (2, 0)])
-def test_resume_iterator_changes_workers_without_skipping(workers_before: int, workers_after: int) -> None:
+def test_restart_changes_workers_without_skipping(workers_before: int, workers_after: int) -> None:
     ds = list(range(30))
     loader = make_resumable(DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers_before), seed=7)
     full = _flat(list(loader))
@@ -239,31 +239,47 @@ def test_resume_iterator_changes_workers_without_skipping(workers_before: int, w
     for _ in range(3):
         got.append(next(it))  # the workers have read further ahead than this
         cursor.consumed()
-    it = resume_iterator(loader, cursor.batches, old_iterator=it, num_workers=workers_after, pin_memory=False)
+    order = planned_sampler(loader)
+    it = restart_iterator(loader, order, cursor.batches, old_iterator=it, num_workers=workers_after, pin_memory=False)
     got.extend(it)
     assert _flat(got) == full
     assert loader.num_workers == workers_after
 
 
-def test_resume_iterator_restarts_persistent_workers() -> None:
+def test_restart_of_persistent_workers() -> None:
     loader = make_resumable(
         DataLoader(list(range(20)), batch_size=2, shuffle=True, num_workers=1, persistent_workers=True), seed=1
     )
     full = _flat(list(loader))
     it = iter(loader)
     first = [next(it) for _ in range(4)]
-    rest = list(resume_iterator(loader, 4, old_iterator=it, num_workers=2, prefetch_factor=3))
+    rest = list(restart_iterator(loader, planned_sampler(loader), 4, old_iterator=it, num_workers=2, prefetch_factor=3))
     assert _flat(first + rest) == full
 
 
-def test_resume_iterator_rejects_settings_torch_cannot_change() -> None:
+def test_restart_rejects_settings_torch_cannot_change() -> None:
     loader = make_resumable(DataLoader(list(range(8)), batch_size=2), seed=0)
+    order = planned_sampler(loader)
     with pytest.raises(ValueError, match=r"cannot change \['batch_size'\]"):
-        resume_iterator(loader, 1, batch_size=4)
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
-        resume_iterator(loader, 1, num_workers=-1)
+        restart_iterator(loader, order, 1, batch_size=4)
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0"):
+        restart_iterator(loader, order, 1, num_workers=-1)
+    with pytest.raises(ValueError, match="consumed must be >= 0"):
+        restart_iterator(loader, order, -1)
     with pytest.raises(TypeError, match="make_resumable"):
-        resume_iterator(DataLoader(list(range(8))), 1)
+        planned_sampler(DataLoader(list(range(8))))
+    with pytest.raises(TypeError, match="OrderTap installed on the loader or its planned_sampler"):
+        restart_iterator(loader, loader.batch_sampler, 1)  # type: ignore[arg-type]
+
+
+def test_resume_iterator_of_0_1_0_still_works_with_a_warning() -> None:
+    import lightning_loadguard.position as position
+
+    loader = make_resumable(DataLoader(list(range(12)), batch_size=3, shuffle=True), seed=2)
+    full = _flat(list(loader))
+    with pytest.warns(DeprecationWarning, match="restart_iterator"):
+        resume_iterator = position.resume_iterator
+    assert _flat(list(resume_iterator(loader, 2, epoch=0, num_workers=0))) == full[6:]
 
 
 def test_make_resumable_refuses_what_it_cannot_make_exact() -> None:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from lightning_loadguard._moved import moved_names
 
 _DEMO_LOGDIR = "loadguard_demo_logs"  # the same as _demo.DEMO_LOGDIR, without importing Lightning for --help
-_MOVED = {"read_runs": "_runs", "format_report": "_runs", "plot_run": "_plot"}
 
 
 class CommandError(Exception):
@@ -131,15 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def __getattr__(name: str) -> Any:
-    # read_runs, format_report and plot_run were importable from here in 0.1.0.
-    if name in _MOVED:
-        import importlib
-
-        warnings.warn(
-            f"lightning_loadguard.cli.{name} is internal and will be removed; use the loadguard command",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(f"lightning_loadguard.cli.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Importable from here in 0.1.0.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "read_runs": (f"{__name__}._runs:read_runs", "it is internal; use the loadguard command"),
+        "format_report": (f"{__name__}._runs:format_report", "it is internal; use the loadguard command"),
+        "plot_run": (f"{__name__}._plot:plot_run", "it is internal; use the loadguard command"),
+    },
+)

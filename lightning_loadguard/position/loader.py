@@ -1,8 +1,7 @@
-"""Building and restarting torch DataLoaders that play an epoch-deterministic order from a consumer offset."""
+"""Building torch DataLoaders that play an epoch-deterministic order and can start from a consumer offset."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +10,6 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from lightning_loadguard.position.iterable import StatefulIterableTap, is_stateful
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 from lightning_loadguard.position.state import STATE_VERSION, PositionMismatchError
-
-_RESTARTABLE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory")
 
 # DataLoader arguments carried over verbatim when the sampler is replaced.
 _CARRIED = (
@@ -48,8 +45,8 @@ def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: 
         >>> plain = DataLoader(list(range(10)), batch_size=4, shuffle=True)
         >>> loader = make_resumable(plain, seed=0)
         >>> full = [b.tolist() for b in loader]
-        >>> it = resume_iterator(loader, batches_consumed=1)
-        >>> [b.tolist() for b in it] == full[1:]
+        >>> planned_sampler(loader).start_at(epoch=0, batches_consumed=1)
+        >>> [b.tolist() for b in loader] == full[1:]
         True
     """
     if type(loader) is not DataLoader:
@@ -123,76 +120,6 @@ def planned_sampler(loader: DataLoader) -> PlannedSampler | PlannedBatchSampler 
     if isinstance(loader.sampler, PlannedSampler):
         return loader.sampler
     raise TypeError("loader has no planned order; build it with make_resumable()")
-
-
-def _shutdown(iterator: object) -> None:
-    # torch has no public way to stop a multiprocessing iterator early; this is what its __del__ calls.
-    stop = getattr(iterator, "_shutdown_workers", None)
-    if callable(stop):
-        stop()
-
-
-def resume_iterator(
-    loader: DataLoader,
-    batches_consumed: int,
-    *,
-    epoch: int | None = None,
-    old_iterator: Iterator[Any] | None = None,
-    **settings: Any,
-) -> Iterator[Any]:
-    """A new iterator over ``loader`` that starts right after ``batches_consumed`` batches of ``epoch``.
-
-    ``old_iterator`` (and a persistent-workers iterator cached by the loader) is shut down first, so no
-    worker keeps reading ahead in the old order. ``settings`` may change ``num_workers``,
-    ``prefetch_factor`` and ``pin_memory`` in place (the attributes torch lets change after construction);
-    consumed batches are skipped in the index order, never loaded.
-
-    Raises:
-        ValueError: a setting other than those three, or ``num_workers`` or ``prefetch_factor`` out of range.
-        TypeError: ``loader`` was not built by :func:`make_resumable`.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> loader = make_resumable(DataLoader(list(range(12)), batch_size=3, shuffle=True), seed=1)
-        >>> it = iter(loader); first = [next(it).tolist() for _ in range(2)]
-        >>> rest = [b.tolist() for b in resume_iterator(loader, 2, old_iterator=it, num_workers=0)]
-        >>> sorted(sum(first + rest, [])) == list(range(12))
-        True
-    """
-    if batches_consumed < 0:
-        raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed}")
-    unknown = sorted(set(settings) - set(_RESTARTABLE_SETTINGS))
-    if unknown:
-        raise ValueError(
-            f"cannot change {unknown} on an existing DataLoader; only {list(_RESTARTABLE_SETTINGS)} can change "
-            "after construction"
-        )
-    order = planned_sampler(loader)
-    if isinstance(order, StatefulIterableTap):
-        raise TypeError(
-            "an iterable dataset's loader restarts from a stored dataset state, not a batch offset; "
-            "call StatefulIterableTap.resume(tap.state_at(batches_consumed)) and iterate again"
-        )
-    num_workers = settings.get("num_workers", loader.num_workers)
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    prefetch = settings.get("prefetch_factor", loader.prefetch_factor)
-    if num_workers > 0 and prefetch is None:
-        prefetch = 2  # torch's default; a loader built with 0 workers has none set
-    if prefetch is not None and prefetch < 1:
-        raise ValueError(f"prefetch_factor must be >= 1, got {prefetch}")
-    if old_iterator is not None:
-        _shutdown(old_iterator)
-    cached = getattr(loader, "_iterator", None)
-    if cached is not None:
-        _shutdown(cached)
-        loader._iterator = None
-    loader.num_workers = num_workers
-    loader.prefetch_factor = prefetch
-    if "pin_memory" in settings:
-        loader.pin_memory = bool(settings["pin_memory"])
-    order.start_at(order.epoch if epoch is None else epoch, batches_consumed)
-    return iter(loader)
 
 
 @dataclass

@@ -1,17 +1,21 @@
-"""Change a plain ``DataLoader``'s worker settings mid-epoch without changing the sample order.
+"""Change a ``DataLoader``'s worker settings mid-epoch without changing the sample order.
 
-:func:`resume_iterator` restarts loaders built by :func:`make_resumable`, whose order is a function of
-``(seed, epoch)``. A user's own loader (e.g. ``shuffle=True`` drawing its permutation from the global
-random stream) has no such order to recompute, so this module records it instead:
+:func:`restart_iterator` is the one way the package restarts a loader from the consumer's place. It needs
+what holds the loader's order:
 
-- :class:`OrderTap` stands in for the loader's index sampler (its batch sampler, or its sampler without
-  automatic batching) and passes through exactly what the user's sampler yields, in the same calls, while
-  remembering every batch of indices handed out in the current iterator's run.
-- :func:`restart_iterator` shuts the running iterator down, applies new settings and starts a new iterator
-  whose first batch is the one after the last *consumed* batch: the recorded batches the old workers had
-  read ahead are replayed, then the same live sampler run continues. Creating the iterator draws a base
-  seed from the global random stream; that draw is undone, so the training run's random stream (and every
-  later epoch's permutation) stays what it would have been without the restart.
+- a loader built by :func:`~lightning_loadguard.position.make_resumable` plays an order that is a function of
+  ``(seed, epoch)``: its :func:`~lightning_loadguard.position.planned_sampler` starts at any batch without
+  reading the consumed ones;
+- a user's own loader (e.g. ``shuffle=True`` drawing its permutation from the global random stream) has no
+  such order to recompute, so :class:`OrderTap` stands in for its index sampler (its batch sampler, or its
+  sampler without automatic batching), passes through exactly what the user's sampler yields, in the same
+  calls, and remembers every batch of indices handed out in the current iterator's run; the batches the old
+  workers had read ahead are replayed, then the same live sampler run continues.
+
+Either way the running iterator is shut down, the new settings applied, and the new iterator's first batch
+is the one after the last *consumed* batch. Creating the iterator draws a base seed from the global random
+stream; that draw is undone, so the training run's random stream (and every later epoch's permutation)
+stays what it would have been without the restart.
 
 Example:
     >>> import torch
@@ -35,6 +39,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_loadguard.position.iterable import StatefulIterableTap
+from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 
 _TAP_ATTR = "_loadguard_order_tap"
 _SWITCHABLE = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
@@ -200,21 +207,58 @@ def apply_settings(loader: DataLoader, **settings: Any) -> None:
 
 def restart_iterator(
     loader: DataLoader,
-    tap: OrderTap,
+    order: OrderTap | PlannedSampler | PlannedBatchSampler,
     consumed: int,
     *,
     old_iterator: Iterator[Any] | None = None,
     **settings: Any,
 ) -> Iterator[Any]:
-    """A new iterator over ``loader`` whose first batch is the one after ``consumed`` batches of the tap's run.
+    """A new iterator over ``loader`` whose first batch is the one after ``consumed`` batches of the current run.
 
-    ``consumed`` counts batches the old iterator (and any it replaced) yielded since the run began. The old
-    iterator's workers are shut down first; ``settings`` (``num_workers``, ``prefetch_factor``,
-    ``pin_memory``, ``persistent_workers``) are applied in place. The global torch random state is the same
-    afterwards as before.
+    Args:
+        loader: the loader to restart; its settings change in place.
+        order: what holds ``loader``'s order: the :class:`OrderTap` installed on it, or, for a loader built
+            by :func:`~lightning_loadguard.position.make_resumable`, its
+            :func:`~lightning_loadguard.position.planned_sampler` (which plays its current ``epoch``; call
+            its ``set_epoch`` first for another).
+        consumed: batches the training step finished since the run (the epoch) began, across any earlier
+            restarts; batches the old workers read ahead beyond it are not lost.
+        old_iterator: the running iterator, whose workers are shut down first.
+        settings: ``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``.
+
+    The global torch random state is the same afterwards as before.
+
+    Raises:
+        ValueError: a setting torch cannot change on a built loader, a value out of range, or ``consumed``
+            outside the run.
+        TypeError: ``order`` holds no restartable order (a stateful iterable dataset's loader restarts from
+            a stored dataset state instead).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from lightning_loadguard.position import make_resumable, planned_sampler
+        >>> loader = make_resumable(DataLoader(list(range(12)), batch_size=3, shuffle=True), seed=1)
+        >>> it = iter(loader); first = [next(it).tolist() for _ in range(2)]
+        >>> rest = restart_iterator(loader, planned_sampler(loader), 2, old_iterator=it, num_workers=0)
+        >>> sorted(sum(first + [b.tolist() for b in rest], [])) == list(range(12))
+        True
     """
     validate_settings(settings)
-    tap.resume_after(consumed)
+    if isinstance(order, OrderTap):
+        order.resume_after(consumed)
+    elif isinstance(order, (PlannedSampler, PlannedBatchSampler)):
+        if consumed < 0:
+            raise ValueError(f"consumed must be >= 0, got {consumed}")
+        order.start_at(order.epoch, consumed)
+    elif isinstance(order, StatefulIterableTap):
+        raise TypeError(
+            "an iterable dataset's loader restarts from a stored dataset state, not a batch offset; "
+            "call StatefulIterableTap.resume(tap.state_at(consumed)) and iterate again"
+        )
+    else:
+        raise TypeError(
+            f"order must be the OrderTap installed on the loader or its planned_sampler(), got {type(order).__name__}"
+        )
     if old_iterator is not None:
         shutdown(old_iterator)
     apply_settings(loader, **settings)
