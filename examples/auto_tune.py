@@ -15,9 +15,8 @@ import warnings
 
 from lightning.pytorch import Trainer
 
-from lightning_loadguard import LoadGuard
+from lightning_loadguard import LoadGuard, TuneOptions
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
-from lightning_loadguard.tuning.options import TuneOptions
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lightning_loadguard.datamodule import ResumableLoaderMixin
+from lightning_loadguard import ResumableLoaderMixin
 
 N, BATCH, STOP_AFTER = 40, 4, 5
 warnings.filterwarnings("ignore")

@@ -23,7 +23,12 @@ METRICS: dict[str, str] = {
     "loadguard/gpu_util": "accelerator utilization from NVML (0..1), only where measurable",
     "loadguard/worst_rank": "the rank with the highest wait fraction (distributed runs only)",
 }
-"""The public metric names with their units."""
+"""The public metric names with their meaning and unit.
+
+Example:
+    >>> METRICS["loadguard/wait_fraction"]
+    'share of loop time spent waiting for data (0..1), worst rank'
+"""
 
 
 def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:

@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
-from lightning_loadguard.model import Diagnosis, diagnose, drain_from_levels, simulate_buffer
+from lightning_loadguard.model import Diagnosis, diagnose
+from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
+from lightning_loadguard.model.drain import drain_from_levels
 
 _BIG_HOST = HostFacts(cpu_count=32)
 

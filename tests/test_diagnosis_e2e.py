@@ -23,7 +23,7 @@ import lightning_loadguard.callback as callback_module
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters.host import batch_nbytes
 from lightning_loadguard.meters.window import HostFacts
-from lightning_loadguard.model import simulate_buffer
+from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import DEEP_PREFETCH, PREFETCH_TOLERANCE, workers_needed
 from lightning_loadguard.model.findings import Diagnosis, Finding
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader

@@ -28,7 +28,12 @@ VERDICTS: tuple[Verdict, ...] = (
     "epoch_start_stall",
     "compute_bound",
 )
-"""Every verdict, in the order that breaks ties between findings of equal severity."""
+"""Every verdict, in the order that breaks ties between findings of equal severity.
+
+Example:
+    >>> VERDICTS[0], VERDICTS[-1]
+    ('memory_risk', 'compute_bound')
+"""
 
 Evidence = dict[str, float | int | str]
 

@@ -10,7 +10,18 @@ STATE_VERSION = 1
 
 
 class PositionMismatchError(ValueError):
-    """A stored position cannot be applied to the loader it is being loaded into."""
+    """A stored position cannot be applied to the loader it is being loaded into.
+
+    A ``ValueError``, raised on resume with both values in its message, so a run never continues from a
+    position that does not describe its loader.
+
+    Example:
+        >>> try:
+        ...     LoaderPosition.from_state_dict({"version": 999})
+        ... except PositionMismatchError as err:
+        ...     print(err)
+        loader position has version 999; this release reads version 1 only
+    """
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,90 @@
+"""The public API is what docs/api.md documents, each name with an example; the names 0.1.0 exported still import."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import itertools
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import lightning_loadguard
+
+ROOT = Path(__file__).resolve().parents[1]
+API = (ROOT / "docs" / "api.md").read_text()
+
+
+def test_documented_names_are_the_exported_names() -> None:
+    documented = re.findall(r"^## `(\w+)`$", API, flags=re.M)
+    assert sorted(documented) == sorted(lightning_loadguard.__all__)
+    assert len(set(documented)) == len(documented)
+
+
+def _attribute_docstring(name: str) -> str | None:
+    """The string literal right after ``NAME = ...`` at module level, wherever in the package it is assigned."""
+    for info in pkgutil.walk_packages(lightning_loadguard.__path__, "lightning_loadguard."):
+        spec = importlib.util.find_spec(info.name)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        body = ast.parse(Path(spec.origin).read_text()).body
+        for node, after in itertools.pairwise(body):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            assigned = any(isinstance(t, ast.Name) and t.id == name for t in targets)
+            if assigned and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                return str(after.value.value)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(lightning_loadguard.__all__))
+def test_every_public_name_has_a_docstring_with_an_example(name: str) -> None:
+    obj = getattr(lightning_loadguard, name)
+    doc = inspect.getdoc(obj) if inspect.isclass(obj) or inspect.isfunction(obj) else _attribute_docstring(name)
+    assert doc, f"{name} has no docstring"
+    assert "Example" in doc, f"{name}'s docstring has no example"
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "home"),
+    [
+        ("lightning_loadguard", "WindowSnapshot", "lightning_loadguard.meters.window"),
+        ("lightning_loadguard", "LoaderSettings", "lightning_loadguard.meters.window"),
+        ("lightning_loadguard", "HostFacts", "lightning_loadguard.meters.window"),
+        ("lightning_loadguard.model", "workers_needed", "lightning_loadguard.model.capacity"),
+        ("lightning_loadguard.model", "simulate_buffer", "lightning_loadguard.model.buffer"),
+        ("lightning_loadguard.position", "shard", "lightning_loadguard.position.plan"),
+        ("lightning_loadguard.position", "STATE_VERSION", "lightning_loadguard.position.state"),
+    ],
+)
+def test_names_0_1_0_exported_still_import_with_a_warning(module: str, name: str, home: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(module)}\.{name} is deprecated"):
+        value = getattr(importlib.import_module(module), name)
+    assert value is getattr(importlib.import_module(home), name)
+    assert name not in importlib.import_module(module).__all__
+
+
+def test_unknown_names_still_raise_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = lightning_loadguard.no_such_name  # type: ignore[attr-defined]
+
+
+_PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]
+
+
+@pytest.mark.parametrize("page", [str(p.relative_to(ROOT)) for p in _PAGES])
+def test_docs_and_examples_import_public_names_from_the_package_root(page: str) -> None:
+    text = (ROOT / page).read_text()
+    public = set(lightning_loadguard.__all__)
+    for module, names in re.findall(r"from (lightning_loadguard[\w.]*) import ([\w, ]+)", text):
+        if module == "lightning_loadguard":
+            continue
+        elsewhere = public & {n.strip() for n in names.split(",")}
+        assert not elsewhere, f"{page} imports {sorted(elsewhere)} from {module}; import them from lightning_loadguard"
