@@ -171,11 +171,14 @@ def test_within_noise_is_not_an_improvement() -> None:
 def test_the_fastest_candidate_wins_and_the_deficit_left_is_reported() -> None:
     planner = Planner(Setting(0), Budget(3, "cores"), FAST, epoch_steps=400)
     proposal = planner.record(window(20.0, 0.010, 0.05))
-    assert proposal == Setting(3, 2)  # Little's law asks for 6; the cores allow 3
-    assert planner.record(window(60.0, 0.010, 0.05)) is None  # nothing left within the cores
+    assert proposal == Setting(3, 2)  # Little's law asks for 6; the cores are predicted to allow 3
+    # 3 workers paid: a fourth is measured past the predicted limit, and found no faster.
+    assert planner.record(window(60.0, 0.010, 0.05)) == Setting(4, 2)
+    assert planner.record(window(61.0, 0.010, 0.066)) is None
     decision = planner.decide()
     assert decision.verdict == "improved" and decision.num_workers == 3
     assert decision.remaining_deficit == pytest.approx(0.4) and decision.bounded_by == "cores"
+    assert "4 workers measured 61 steps/s against 60, less than 5% more" in decision.reason
     assert decision.throughput_before == pytest.approx(20.0) and decision.throughput_after == pytest.approx(60.0)
 
 
@@ -235,10 +238,17 @@ def test_never_breaks_a_budget_and_never_measured_slower(
     original = Setting(start, 1 if start else None)
     planner = Planner(original, budget, FAST, epoch_steps=1000)
     proposal = planner.record(window(rates[0], step, production))
+    measured = {original: rates[0]}
     for rate in rates[1:]:
         if proposal is None:
             break
-        assert budget.allows(proposal.num_workers, proposal.prefetch_factor) is None
+        # Memory is a wall: never probed past. Cores are a prediction: one worker at a time past it, and
+        # only after the most workers measured so far paid.
+        assert budget.breaks_wall(proposal.num_workers, proposal.prefetch_factor) is None
+        if budget.allows(proposal.num_workers, proposal.prefetch_factor) is not None:
+            fewer = {s: r for s, r in measured.items() if s.num_workers < proposal.num_workers}
+            assert max(s.num_workers for s in fewer) == proposal.num_workers - 1 or not fewer
+        measured[proposal] = rate
         proposal = planner.record(window(rate, step, production * max(1, proposal.num_workers)))
     decision = planner.decide()
     assert decision.throughput_after is not None and decision.throughput_before is not None
@@ -294,3 +304,72 @@ def test_bursts_ask_for_more_workers_than_the_mean_does() -> None:
     proposal = planner.record(m)
     assert proposal is not None and proposal.num_workers > 4
     assert "bursts" in planner.current_note
+
+
+# -- cores: a prediction to verify; memory and the user's cap: walls ----------------------------------
+
+
+def _search(planner: Planner, measure: dict[int, tuple[float, float]], production_s: float) -> list[int]:
+    """Drive the planner with known (steps/s, step time) per worker count; the counts it probed, in order."""
+    probed = [planner.original.num_workers]
+    rate, step = measure[planner.original.num_workers]
+    proposal = planner.record(window(rate, step, production_s))
+    while proposal is not None:
+        probed.append(proposal.num_workers)
+        rate, step = measure[proposal.num_workers]
+        proposal = planner.record(window(rate, step, production_s))
+    return probed
+
+
+def test_a_second_worker_past_the_predicted_core_limit_is_measured_and_kept_when_it_pays() -> None:
+    # 16 ms of CPU per batch in the workers, a 10 ms step that waits like an accelerator, 2 cores: the
+    # model predicts room for 1 worker beside the loop; 2 workers measured 1.3x of 1, 3 no faster than 2.
+    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (80.0, 0.010), 3: (79.0, 0.010)}
+    planner = Planner(Setting(0), Budget(1, "cores"), FAST, epoch_steps=600)
+    probed = _search(planner, measure, 0.016)
+    assert probed[:3] == [0, 1, 2] and max(probed) == 3  # a deeper buffer for 2 workers may come first
+    decision = planner.decide()
+    assert decision.num_workers == 2 and decision.bounded_by == "cores"
+    assert "3 workers measured 79 steps/s against 80" in decision.reason
+
+
+def test_past_the_core_limit_a_worker_that_slows_the_step_is_not_kept() -> None:
+    # The step computes on the CPU: the second worker raised throughput a little but took the step's core.
+    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (66.0, 0.013)}
+    planner = Planner(Setting(0), Budget(1, "cores"), FAST, epoch_steps=600)
+    assert _search(planner, measure, 0.016) == [0, 1, 2]
+    decision = planner.decide()
+    assert decision.num_workers == 1 and decision.bounded_by == "cores"
+    assert "2 workers slowed the step itself to 13 ms" in decision.reason
+
+
+def test_no_worker_past_the_limit_when_the_last_one_did_not_pay() -> None:
+    measure = {1: (60.0, 0.010), 2: (61.0, 0.010)}
+    planner = Planner(Setting(1, 2), Budget(2, "cores"), FAST, epoch_steps=600)
+    assert _search(planner, measure, 0.030) == [1, 2]
+    assert planner.decide().num_workers == 1
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        Budget(1, "cores", max_in_flight=1, memory_bound="shm"),  # 2 workers hold 2 batches at least
+        Budget(1, "cores", user_max_workers=1),
+        Budget(1, "max_workers"),
+    ],
+)
+def test_memory_and_the_users_cap_are_walls_even_when_more_workers_would_pay(budget: Budget) -> None:
+    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (80.0, 0.010)}
+    planner = Planner(Setting(0), budget, FAST, epoch_steps=600)
+    probed = _search(planner, measure, 0.016)
+    assert max(probed) == 1
+
+
+def test_the_probe_cost_line_adds_up_with_the_table() -> None:
+    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (80.0, 0.010), 3: (79.0, 0.010)}
+    planner = Planner(Setting(0), Budget(1, "cores"), FAST, epoch_steps=600)
+    _search(planner, measure, 0.016)
+    decision = planner.decide()
+    probed_rows = decision.candidates[1:]
+    assert decision.probe_steps == sum(c.steps for c in probed_rows)
+    assert f"probe cost: {decision.probe_steps} steps in the {len(probed_rows)} probed rows" in decision.table()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import zlib
 from typing import Any
@@ -11,15 +10,8 @@ import psutil
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from lightning_loadguard.meters.cpu import usable_cpu_count
 from lightning_loadguard.meters.window import HostFacts
-
-
-def usable_cpu_count() -> int:
-    """Cores this process may run on (its affinity mask, which containers and schedulers narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return psutil.cpu_count(logical=True) or 1
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:

@@ -22,11 +22,14 @@ class Budget:
     """What one training process's loader may use.
 
     Attributes:
-        max_workers: most loader workers (cores per process less one, and ``TuneOptions.max_workers``).
-        workers_bound: which limit set ``max_workers`` (``"cores"`` or ``"max_workers"``).
+        max_workers: most loader workers predicted to fit (cores per process less one, and
+            ``TuneOptions.max_workers``).
+        workers_bound: which limit set ``max_workers`` (``"cores"`` or ``"max_workers"``). A core limit is
+            a prediction the tuner may verify past (see :meth:`workers_verifiable`); the user's cap is not.
         max_in_flight: most batches the loader may hold at once (``None``: batch size or memory unknown).
         memory_bound: which limit set ``max_in_flight`` (``"host_memory"`` or ``"shm"``), or ``None``.
         memory_bytes: the host-wide bytes that bound applies to, or ``None``.
+        user_max_workers: the user's own cap (``TuneOptions.max_workers``), a wall even past a core limit.
     """
 
     max_workers: int
@@ -34,6 +37,38 @@ class Budget:
     max_in_flight: int | None = None
     memory_bound: str | None = None
     memory_bytes: int | None = None
+    user_max_workers: int | None = None
+
+    def workers_verifiable(self, num_workers: int) -> bool:
+        """Whether ``num_workers`` past :attr:`max_workers` may be measured: only past a predicted core limit,
+        never past the user's cap.
+
+        Example:
+            >>> Budget(max_workers=1, workers_bound="cores", user_max_workers=4).workers_verifiable(2)
+            True
+            >>> Budget(max_workers=2, workers_bound="max_workers").workers_verifiable(3)
+            False
+        """
+        if self.workers_bound != CORES:
+            return num_workers <= self.max_workers
+        return self.user_max_workers is None or num_workers <= self.user_max_workers
+
+    def breaks_wall(self, num_workers: int, prefetch_factor: int | None) -> str | None:
+        """Like :meth:`allows`, for the limits that may not even be measured: memory and the user's cap.
+
+        Example:
+            >>> Budget(max_workers=1, workers_bound="cores", max_in_flight=8, memory_bound="shm").breaks_wall(3, 2)
+            >>> Budget(max_workers=1, workers_bound="cores", max_in_flight=8, memory_bound="shm").breaks_wall(3, 4)
+            'shm'
+        """
+        if not self.workers_verifiable(num_workers):
+            return self.workers_bound if self.workers_bound != CORES else USER_CAP
+        return self._memory(num_workers, prefetch_factor)
+
+    def _memory(self, num_workers: int, prefetch_factor: int | None) -> str | None:
+        if self.max_in_flight is None or num_workers <= 0:
+            return None
+        return self.memory_bound if num_workers * (prefetch_factor or 2) > self.max_in_flight else None
 
     def allows(self, num_workers: int, prefetch_factor: int | None) -> str | None:
         """``None`` if the setting fits, else the name of the budget it breaks.
@@ -46,13 +81,7 @@ class Budget:
         """
         if num_workers > self.max_workers:
             return self.workers_bound
-        if (
-            self.max_in_flight is not None
-            and num_workers > 0
-            and num_workers * (prefetch_factor or 2) > (self.max_in_flight)
-        ):
-            return self.memory_bound
-        return None
+        return self._memory(num_workers, prefetch_factor)
 
     def deepest_prefetch(self, num_workers: int, ceiling: int) -> int:
         """The largest ``prefetch_factor`` up to ``ceiling`` that fits the memory budget (0 if none does)."""
@@ -138,7 +167,7 @@ def host_budget(
     if host.shm_free_bytes is not None:
         limits.append((int(host.shm_free_bytes * shm_share), SHM))
     if batch_bytes is None or batch_bytes <= 0 or not limits:
-        return Budget(max_workers=workers, workers_bound=bound)
+        return Budget(max_workers=workers, workers_bound=bound, user_max_workers=max_workers)
     memory_bytes, memory_bound = min(limits)
     per_batch_on_host = batch_bytes * max(1, host.processes_on_host)
     return Budget(
@@ -147,4 +176,5 @@ def host_budget(
         max_in_flight=memory_bytes // per_batch_on_host,
         memory_bound=memory_bound,
         memory_bytes=memory_bytes,
+        user_max_workers=max_workers,
     )

@@ -295,8 +295,11 @@ class TuneDecision:
             lines.append(f"{c.setting.label + chosen:<36} {rate:>9} {producer:>13} {c.steps:>6}  {note}")
         lines.append("-" * 80)
         lines.append(f"decision: {self.setting.label} ({self.verdict}); {self.reason}")
+        probed = len(self.candidates) - 1 if self.candidates else 0
         lines.append(
-            f"probe cost: {self.probe_steps}/{self.probe_budget_steps} steps of budget, {self.probe_cost_s:.2f} s"
+            f"probe cost: {self.probe_steps} steps in the {probed} probed row{'' if probed == 1 else 's'} "
+            f"(your settings' row is free), of {self.probe_budget_steps} allowed; {self.probe_cost_s:.2f} s "
+            "more than running those steps at the chosen setting's rate"
         )
         return "\n".join(lines)
 

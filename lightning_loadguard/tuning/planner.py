@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch, workers_needed
-from lightning_loadguard.tuning.budget import Budget
+from lightning_loadguard.tuning.budget import CORES, Budget
 from lightning_loadguard.tuning.decision import CandidateResult, Measurement, Setting, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 
@@ -25,12 +25,17 @@ PROBE_BUDGET = "probe_budget"
 REPLAY_STEPS = 256
 """Steps replayed per candidate worker count: the measured sequences cycle several times."""
 
+STEP_SLOWDOWN = 0.1
+"""Past the predicted core limit a setting counts only if the step's own time stays within 10 % of the
+fastest measured step: a worker that takes its core from the training step is not a gain to keep."""
+
 
 @dataclass
 class _Proposal:
     setting: Setting
     note: str
     bound: str | None = None
+    verify: bool = False  # past the predicted core limit: measured before it is believed
 
 
 class Planner:
@@ -49,7 +54,7 @@ class Planner:
     Example:
         An I/O-bound loader with 1 worker making a batch in 40 ms, and a 10 ms step:
 
-        >>> from lightning_loadguard.tuning.budget import Budget
+        >>> from lightning_loadguard.tuning.budget import CORES, Budget
         >>> p = Planner(Setting(1, 2), Budget(7, "cores"), TuneOptions(), epoch_steps=400)
         >>> p.record(Measurement(steps=12, elapsed_s=0.48, made=12, mean_step_s=0.01, mean_production_s=0.04,
         ...                      mean_wait_s=0.03))
@@ -112,7 +117,12 @@ class Planner:
         proposal = self._propose()
         if proposal is None:
             return None
-        broken = self.budget.allows(proposal.setting.num_workers, proposal.setting.prefetch_factor)
+        # Past the predicted core limit only what was verified: this step, or a worker count that paid.
+        verified = proposal.verify or any(
+            s.num_workers >= proposal.setting.num_workers and self._paid(s, m) for s, m in self.measurements.items()
+        )
+        check = self.budget.breaks_wall if verified else self.budget.allows
+        broken = check(proposal.setting.num_workers, proposal.setting.prefetch_factor)
         if broken is not None:
             # Only a variant of a setting already over budget (the user's own) can get here: never probe it.
             self._bounds.add(broken)
@@ -137,9 +147,50 @@ class Planner:
         return self.measurements.get(self.original)
 
     def _best(self) -> tuple[Setting, Measurement] | None:
-        if not self.measurements:
+        """The fastest measured setting; past the predicted core limit only one that paid (see
+        :meth:`_paid`)."""
+        admitted = [(s, m) for s, m in self.measurements.items() if self._paid(s, m)]
+        if not admitted:
             return None
-        return max(self.measurements.items(), key=lambda item: item[1].sustained_rate)
+        return max(admitted, key=lambda item: item[1].sustained_rate)
+
+    def _past_limit(self, setting: Setting) -> bool:
+        return self.budget.workers_bound == CORES and setting.num_workers > self.budget.max_workers
+
+    def _paid(self, setting: Setting, m: Measurement) -> bool:
+        """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
+        setting with fewer workers, and the step's own time did not grow by more than ``STEP_SLOWDOWN``."""
+        if not self._past_limit(setting) or setting == self.original:
+            return True
+        fewer = [o.sustained_rate for s, o in self.measurements.items() if s.num_workers < setting.num_workers]
+        steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
+        faster = not fewer or m.sustained_rate >= max(fewer) * (1 + self.options.min_gain)
+        step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
+        return faster and step_kept
+
+    def _verify_more(self, best: Setting, best_m: Measurement, target: _Proposal | None) -> _Proposal | None:
+        """One worker past the predicted core limit, where the model wants more and the last one paid.
+
+        Cores are a hypothesis (the loop's threads, the workers and other processes share them): the
+        prediction says where to start measuring, the measurement says where to stop.
+        """
+        at_limit = target.bound == CORES if target is not None else self.budget.max_workers < 1
+        if not at_limit or self.budget.workers_bound != CORES or best.num_workers < self.budget.max_workers:
+            return None
+        fewer = [(s, m) for s, m in self.measurements.items() if s.num_workers < best.num_workers]
+        if fewer:
+            previous = max(fewer, key=lambda item: item[0].num_workers)[1]
+            if best_m.sustained_rate < previous.sustained_rate * (1 + self.options.min_gain):
+                return None  # the last worker did not pay: the next one will not either
+        workers = best.num_workers + 1
+        prefetch = min(best.prefetch_factor or 2, self.budget.deepest_prefetch(workers, self.options.max_prefetch))
+        if prefetch < 1 or not self.budget.workers_verifiable(workers):
+            return None
+        setting = replace(best, num_workers=workers, prefetch_factor=prefetch)
+        if self._tried(setting):
+            return None
+        note = f"past the predicted core limit of {self.budget.max_workers}: measured, not assumed"
+        return _Proposal(setting, note, verify=True)
 
     def _tried(self, setting: Setting) -> bool:
         return any(r.setting == setting for r in self.results)
@@ -179,7 +230,12 @@ class Planner:
             and not self._tried(target.setting)
         ):
             return target
-        return self._deeper(best_setting, best_m, consumer) or self._pinning(best_setting)
+        # A deeper buffer costs memory only; a worker past the predicted core limit may cost the step.
+        return (
+            self._deeper(best_setting, best_m, consumer)
+            or self._verify_more(best_setting, best_m, target)
+            or self._pinning(best_setting)
+        )
 
     def _workers_for(self, setting: Setting, m: Measurement, consumer: float) -> _Proposal | None:
         """Little's law on the measured production time: the workers that keep up with the consumer."""
@@ -305,7 +361,7 @@ class Planner:
             if deficit > 0:
                 reason += f"; {deficit:.0%} of the step rate is still lost to data wait"
         if bounded_by and deficit > 0:
-            reason += f" (bounded by {bounded_by})"
+            reason += f" (bounded by {bounded_by}{self._why_no_more(chosen)})"
         persistent = chosen.persistent_workers or self._persistent(chosen, after, startup_s, map_style)
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision(
@@ -325,6 +381,27 @@ class Planner:
             probe_budget_steps=self.budget_steps,
             probe_cost_s=cost,
         )
+
+    def _why_no_more(self, chosen: Setting) -> str:
+        """Why the search did not try more workers than ``chosen``, in words."""
+        more = [(s, m) for s, m in self.measurements.items() if s.num_workers > chosen.num_workers]
+        if more:
+            setting, m = min(more, key=lambda item: item[0].num_workers)
+            chosen_m = self.measurements.get(chosen)
+            steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
+            if steps and m.mean_step_s > min(steps) * (1 + STEP_SLOWDOWN):
+                return (
+                    f": {_workers(setting.num_workers)} slowed the step itself to {m.mean_step_s * 1e3:.3g} ms "
+                    f"(fastest {min(steps) * 1e3:.3g} ms)"
+                )
+            if chosen_m is not None:
+                return (
+                    f": {_workers(setting.num_workers)} measured {m.sustained_rate:.3g} steps/s against "
+                    f"{chosen_m.sustained_rate:.3g}, less than {self.options.min_gain:.0%} more"
+                )
+        if self.budget.workers_bound == CORES and chosen.num_workers >= self.budget.max_workers:
+            return f": the last worker added paid less than {self.options.min_gain:.0%}, so no more were tried"
+        return ""
 
     def _bounded_by(self, chosen: Setting, deficit: float) -> str | None:
         """The budget that stopped the search short of the compute rate, if any."""
@@ -361,6 +438,10 @@ class Planner:
             probe_steps=self.probe_steps,
             probe_budget_steps=self.budget_steps,
         )
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
 
 
 def _winnable(setting: Setting, m: Measurement) -> float:
