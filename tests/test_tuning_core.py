@@ -247,7 +247,7 @@ def test_never_breaks_a_budget_and_never_measured_slower(
         assert budget.breaks_wall(proposal.num_workers, proposal.prefetch_factor) is None
         if budget.allows(proposal.num_workers, proposal.prefetch_factor) is not None:
             fewer = {s: r for s, r in measured.items() if s.num_workers < proposal.num_workers}
-            assert max(s.num_workers for s in fewer) == proposal.num_workers - 1 or not fewer
+            assert not fewer or max(s.num_workers for s in fewer) == proposal.num_workers - 1
         measured[proposal] = rate
         proposal = planner.record(window(rate, step, production * max(1, proposal.num_workers)))
     decision = planner.decide()
