@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
+from typing import Any
+
+from typing_extensions import override
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
@@ -35,7 +38,10 @@ class _Timeline(pl.Callback):
         self.windows: list[dict[str, float]] = []
         self._last: dict[str, float] | None = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         metrics = self.guard.metrics
         if metrics and metrics is not self._last:
             self._last = metrics
