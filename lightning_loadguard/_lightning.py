@@ -20,8 +20,17 @@ _FETCH_ACTION_SUFFIX = "].train_dataloader_next"
 _FETCH_ACTION_PREFIX = "[_TrainingEpochLoop"
 
 
+_fetch_actions: dict[str, bool] = {}
+
+
 def _is_fetch(action_name: str) -> bool:
-    return action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX)
+    # Asked twice per training step for the same few names: remember the answer.
+    known = _fetch_actions.get(action_name)
+    if known is None:
+        known = action_name.endswith(_FETCH_ACTION_SUFFIX) and action_name.startswith(_FETCH_ACTION_PREFIX)
+        if len(_fetch_actions) < 256:
+            _fetch_actions[action_name] = known
+    return known
 
 
 class FetchTimingProfiler:

@@ -41,6 +41,13 @@ class _EpochLedger:
     def waiting(self, row: int) -> int:
         return self.counters.made(row) - self.base[row] - self.received[row]
 
+    def waiting_by_row(self) -> list[int]:
+        waiting = self.counters.made_by_row()
+        base, received = self.base, self.received
+        for row in range(len(waiting)):
+            waiting[row] -= base[row] + received[row]
+        return waiting
+
 
 class LoaderProbe:
     """Connects an instrumented loader to the meters through callbacks.
@@ -135,16 +142,21 @@ def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None,
     """
     try:
         entry = iterator._task_info.get(iterator._rcvd_idx)
-        rows = ledger.counters.rows
-        row = None if entry is None else entry[0] % rows
-        ready = None if row is None else len(entry) == 2 or ledger.waiting(row) > 0
+        waiting = ledger.waiting_by_row()
+        row = None if entry is None else entry[0] % len(waiting)
+        ready = None if row is None else len(entry) == 2 or waiting[row] > 0
         if ledger.batches is None:
             try:
                 ledger.batches = len(iterator)
             except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
                 ledger.batches = -1
         more_to_send = ledger.batches < 0 or iterator._send_idx < ledger.batches
-        level = sum(max(0, ledger.waiting(r)) for r in range(rows)) if more_to_send else None
+        level = None
+        if more_to_send:
+            level = 0
+            for count in waiting:
+                if count > 0:
+                    level += count
         return row, ready, level
     except Exception:  # private internals of another torch version: readiness stays unknown
         return None, None, None

@@ -5,10 +5,12 @@ writes the duration into a row of a shared-memory tensor that the main process r
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
 never waits. With ``num_workers=0`` the same meter times the in-process fetch.
 
-Beside each batch's busy time go its CPU time (the worker thread's own) and, on Linux, the time the thread
-sat runnable waiting for a core (``/proc/thread-self/schedstat``): CPU over busy-minus-queueing tells a
-worker that waits on I/O (it needs no core of its own) from one that computes, also when too many workers
-queue for too few cores.
+Beside the busy time of a sample of the batches (one each ``SAMPLE_INTERVAL_S`` per producer) go their CPU
+time (the worker thread's own) and, on Linux, the time the thread sat runnable waiting for a core
+(``/proc/thread-self/schedstat``): CPU over busy-minus-queueing tells a worker that waits on I/O (it needs
+no core of its own) from one that computes, also when too many workers queue for too few cores. Those are
+NaN for the batches in between: reading them takes four system calls, which on every batch of a fast
+pipeline would cost a percent of the step by themselves. Slow batches are each sampled.
 
 Row layout (float64): ``[batches_made, busy_seconds, ready_at, durations[RING], finish_times[RING],
 cpu_seconds[RING], queued_seconds[RING]]``; ``ready_at`` is when the worker finished starting up (its
@@ -20,6 +22,8 @@ clock on Linux).
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 import weakref
 from collections import deque
@@ -34,14 +38,53 @@ _HEADER = 3
 _READY_AT = 2
 _DURATION, _FINISHED, _CPU, _QUEUED = (_HEADER + k * _RING for k in range(4))
 _SCHEDSTAT = "/proc/thread-self/schedstat"
+_WIDTH = _HEADER + 4 * _RING
+_NAN = float("nan")
+
+SAMPLE_INTERVAL_S = 0.02
+"""Each producer measures the CPU and core-queueing time of the first batch it starts at least this long
+after its previous sample (or its start); every batch's busy time is measured."""
+
+
+_schedstat_fds: dict[int, int] = {}
+
+
+def _forget_schedstat_fds() -> None:
+    # A forked child inherits the descriptors, but they still name its parent's threads.
+    for fd in _schedstat_fds.values():
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _schedstat_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_schedstat_fds)
 
 
 def _queued_seconds() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a core (Linux); ``None`` elsewhere."""
+    """Seconds this thread has spent runnable but waiting for a core (Linux); ``None`` elsewhere.
+
+    Called twice per batch: each thread keeps its own ``schedstat`` open and re-reads it with ``pread``
+    (about a microsecond), where opening it anew costs tens of microseconds.
+    """
+    thread = threading.get_ident()
+    fd = _schedstat_fds.get(thread)
+    if fd is None:
+        try:
+            fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+        except (OSError, AttributeError):
+            fd = -1  # no such file here: asked once per thread, not once per batch
+        _schedstat_fds[thread] = fd
+    if fd < 0:
+        return None
     try:
-        with open(_SCHEDSTAT, "rb") as handle:
-            return int(handle.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
+        return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError, AttributeError):
+        # The thread that opened it has ended and its identity was reused: open it again next time.
+        _schedstat_fds.pop(thread, None)
+        with contextlib.suppress(OSError):
+            os.close(fd)
         return None
 
 
@@ -69,24 +112,34 @@ class ProducerCounters:
             view = self.__dict__["_array"] = self.tensor.numpy()
         return view
 
+    @property
+    def _flat(self) -> memoryview:
+        # Element access through a memoryview costs tens of nanoseconds; through numpy, hundreds.
+        view = self.__dict__.get("_flat_view")
+        if view is None:
+            view = self.__dict__["_flat_view"] = memoryview(self.array.reshape(-1)).cast("B").cast("d")
+        return view
+
     def record(
         self,
         row: int,
         seconds: float,
-        cpu_seconds: float | None = None,
-        queued_seconds: float = 0.0,
+        cpu_seconds: float = _NAN,
+        queued_seconds: float = _NAN,
         finished: float | None = None,
     ) -> None:
-        data = self.array[row]
-        count = int(data[0])
-        slot = count % _RING
-        data[_DURATION + slot] = seconds
-        data[_FINISHED + slot] = time.perf_counter() if finished is None else finished
-        data[_CPU + slot] = seconds if cpu_seconds is None else cpu_seconds
-        data[_QUEUED + slot] = queued_seconds
-        data[1] += seconds
+        """One batch made by ``row``: its busy time, and its CPU and queueing time where sampled (else NaN)."""
+        data = self._flat
+        base = row * _WIDTH
+        count = int(data[base])
+        slot = base + count % _RING
+        data[slot + _DURATION] = seconds
+        data[slot + _FINISHED] = time.perf_counter() if finished is None else finished
+        data[slot + _CPU] = cpu_seconds
+        data[slot + _QUEUED] = queued_seconds
+        data[base + 1] += seconds
         # The count goes last: a reader never sees a slot before its duration is written.
-        data[0] = count + 1
+        data[base] = count + 1
 
     def mark_ready(self, row: int) -> None:
         self.array[row, _READY_AT] = time.perf_counter()
@@ -96,20 +149,34 @@ class ProducerCounters:
         return float(self.array[:, _READY_AT].max())
 
     def made(self, row: int) -> int:
-        return int(self.array[row, 0])
+        return int(self._flat[row * _WIDTH])
+
+    def made_by_row(self) -> list[int]:
+        """Batches made so far by each row, in one pass (read on every fetch)."""
+        flat = self._flat
+        return [int(flat[row * _WIDTH]) for row in range(self.rows)]
 
 
 def _timed(fetch: Callable[..., Any], counters: ProducerCounters, row: int) -> Callable[..., Any]:
-    """``fetch`` with each call's busy, CPU and core-queueing time recorded in ``row``."""
+    """``fetch`` with each call's busy time recorded in ``row``; CPU and core-queueing time on a sample."""
+    next_sample = time.perf_counter() + SAMPLE_INTERVAL_S
 
     def timed_fetch(*args: Any) -> Any:
+        nonlocal next_sample
+        start = time.perf_counter()
+        if start < next_sample:
+            batch = fetch(*args)
+            end = time.perf_counter()
+            counters.record(row, end - start, finished=end)
+            return batch
         queued_start = _queued_seconds()
         start, cpu_start = time.perf_counter(), time.thread_time()
         batch = fetch(*args)
-        busy, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
+        end, cpu = time.perf_counter(), time.thread_time() - cpu_start
         queued_end = _queued_seconds()
         queued = queued_end - queued_start if queued_start is not None and queued_end is not None else 0.0
-        counters.record(row, busy, cpu, queued)
+        counters.record(row, end - start, cpu, queued, finished=end)
+        next_sample = end + SAMPLE_INTERVAL_S
         return batch
 
     return timed_fetch
@@ -235,11 +302,13 @@ class ProducerMeter:
         return tuple(self._durations)
 
     def cpu_durations(self) -> tuple[float, ...]:
-        """Per batch in the window, the CPU time its producer spent (aligned with :meth:`durations`)."""
+        """Per batch in the window, the CPU time its producer spent (aligned with :meth:`durations`; NaN where
+        not sampled)."""
         return tuple(self._cpu)
 
     def queued_durations(self) -> tuple[float, ...]:
-        """Per batch in the window, the time its producer waited for a core (aligned with :meth:`durations`)."""
+        """Per batch in the window, the time its producer waited for a core (aligned with :meth:`durations`;
+        NaN where not sampled)."""
         return tuple(self._queued)
 
     def capacity(self) -> float | None:

@@ -66,8 +66,10 @@ class WindowSnapshot:
         production_s: per produced batch, the busy time of the worker that made it (fetch + collate),
             in completion order; empty when the producer is not instrumented.
         production_cpu_s: per produced batch (aligned with ``production_s``), the CPU time the producing
-            thread spent; less than the busy time when the worker waits on I/O or for a core.
-        production_queued_s: per produced batch, the time the producing thread waited for a core.
+            thread spent; less than the busy time when the worker waits on I/O or for a core. NaN for the
+            batches whose CPU time was not sampled.
+        production_queued_s: per produced batch, the time the producing thread waited for a core (NaN where
+            not sampled).
         producer_rate: sustainable batches/s of all workers together, or ``None`` if unmeasured.
         epoch_start_s: the iterator start-up time (worker launch) of recent epochs.
         batch_bytes: size of one batch in host memory, or ``None``.
@@ -143,10 +145,16 @@ class WindowSnapshot:
         CPU time over busy time less the time spent queueing for a core, so that workers starved by too
         few cores still count as computing.
         """
-        busy = sum(self.production_s) - sum(self.production_queued_s)
-        if not self.production_cpu_s or busy <= 0:
+        queued = self.production_queued_s or (0.0,) * len(self.production_cpu_s)
+        sampled = [
+            (busy - wait, cpu)
+            for busy, cpu, wait in zip(self.production_s, self.production_cpu_s, queued, strict=False)
+            if cpu == cpu  # NaN: not sampled
+        ]
+        busy = sum(b for b, _ in sampled)
+        if not sampled or busy <= 0:
             return None
-        return min(1.0, sum(self.production_cpu_s) / busy)
+        return min(1.0, sum(c for _, c in sampled) / busy)
 
     @property
     def inflight_bytes(self) -> int | None:
