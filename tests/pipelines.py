@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from statistics import fmean
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from lightning_loadguard._lightning import pl
@@ -52,13 +54,145 @@ class SlowHandoverCollate:
         return SlowHandoverBatch(default_collate(samples), self.seconds)
 
 
+class ClockedDataset(TimedDataset):
+    """A :class:`TimedDataset` whose samples also carry when the producing process started and finished them.
+
+    Each sample is ``(index, features, stamps)`` with ``stamps = [started, finished]`` read from
+    ``time.perf_counter`` inside ``__getitem__`` (system-wide and monotonic on Linux, so a worker's stamps
+    compare with the training process's). This is the dataset's own clock: the cost each item really had in
+    this run, however much of it another process took.
+    """
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        started = time.perf_counter()
+        sample_index, features = super().__getitem__(index)
+        return sample_index, features, torch.tensor([started, time.perf_counter()], dtype=torch.float64)
+
+
+class ClockedModule(TimedModule):
+    """A :class:`TimedModule` for :class:`ClockedDataset` batches that keeps its own clock of every step.
+
+    Per step it records when the batch arrived (``on_before_batch_transfer``), when its step ended (end of
+    ``on_train_batch_end``) and, from the batch's stamps, when the first of its samples was started and the
+    last finished.
+    """
+
+    def __init__(self, step_s: float = 0.0, features: int = 16) -> None:
+        super().__init__(step_s=step_s, features=features)
+        self.steps: list[StepClock] = []
+        self.fetch_s: list[float] = []
+        """Per step, the fetch as timed by the trainer's ``SimpleProfiler`` (filled in by :func:`fit_scenario`)."""
+        self.epoch_started: list[float] = []
+        self._epoch = -1
+        self._stamps: tuple[float, float] = (0.0, 0.0)
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self._epoch += 1
+        self.epoch_started.append(time.perf_counter())
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        batch = super().on_before_batch_transfer(batch, dataloader_idx)
+        stamps = batch[2]
+        self._stamps = (float(stamps[:, 0].min()), float(stamps[:, 1].max()))
+        return batch
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch[:2], batch_idx)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        previous = self._ended_at
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        assert self._ended_at is not None
+        self.steps.append(
+            StepClock(self._epoch, previous, self._received_at, self._ended_at, self._stamps[0], self._stamps[1])
+        )
+
+
+@dataclass(frozen=True)
+class StepClock:
+    """One training step as the module's and the dataset's own clocks saw it (``perf_counter`` seconds)."""
+
+    epoch: int
+    asked: float | None  # the previous step's end in this epoch: from here on the loop wanted this batch
+    received: float
+    ended: float
+    made_from: float  # the first of the batch's samples was started
+    made_to: float  # the last of them was finished
+
+    @property
+    def production_s(self) -> float:
+        return self.made_to - self.made_from
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a run's own clocks say over LoadGuard's window: the last ``window`` steps of the last epoch.
+
+    None of it comes from LoadGuard: the steps from the module's clock, production from the dataset's.
+    """
+
+    capacity: float  # batches/s of all producers: workers / mean production time of every batch made
+    fetch_s: tuple[float, ...]  # per step: the fetch, as Lightning's own SimpleProfiler timed it
+    gap_s: tuple[float, ...]  # per step: from the end of the previous step to the batch's arrival
+    period_s: tuple[float, ...]  # per step: from the end of the previous step to the end of this one
+    production_wait_s: tuple[float, ...]  # per step: the part of the fetch before the batch's last sample was made
+    made_before_asked: tuple[bool, ...]  # per step: the batch was finished before the loop wanted it
+
+    @property
+    def wait_fraction(self) -> float:
+        """The share of loop time spent in fetches (each of which lies inside its gap between steps)."""
+        return sum(self.fetch_s) / sum(self.period_s)
+
+    @property
+    def production_wait_fraction(self) -> float:
+        """The share of loop time the batches themselves were late: a floor under any measured wait."""
+        return sum(self.production_wait_s) / sum(self.period_s)
+
+    @property
+    def mean_step_s(self) -> float:
+        """The loop's time per step outside the fetch."""
+        return fmean(period - fetch for period, fetch in zip(self.period_s, self.fetch_s, strict=True))
+
+    @property
+    def throughput(self) -> float:
+        return len(self.period_s) / sum(self.period_s)
+
+    @property
+    def ready_fraction(self) -> float:
+        return sum(self.made_before_asked) / len(self.made_before_asked)
+
+    @classmethod
+    def of(cls, module: ClockedModule, num_workers: int, window: int) -> Observed:
+        steps = module.steps
+        # Lightning's fetcher times exactly one fetch per step (a sized loader is never asked past its end).
+        assert len(module.fetch_s) == len(steps), (len(module.fetch_s), len(steps))
+        last = [k for k, s in enumerate(steps) if s.epoch == steps[-1].epoch and s.asked is not None][-window:]
+        fetches = [module.fetch_s[k] for k in last]
+        last = [steps[k] for k in last]
+        return cls(
+            capacity=max(1, num_workers) / fmean(s.production_s for s in steps),
+            fetch_s=tuple(fetches),
+            gap_s=tuple(s.received - s.asked for s in last),  # type: ignore[operator]
+            period_s=tuple(s.ended - s.asked for s in last),  # type: ignore[operator]
+            # A fetch cannot end before its batch's last sample is made. It began no later than its end (the
+            # batch's arrival at the module) less its length, so this part of it was spent on production.
+            production_wait_s=tuple(
+                max(0.0, s.made_to - (s.received - fetch)) for s, fetch in zip(last, fetches, strict=True)
+            ),
+            made_before_asked=tuple(s.made_to <= s.asked for s in last),  # type: ignore[operator]
+        )
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A pipeline with known timings and the figures LoadGuard must report for it.
 
-    The truth comes from the timings alone: each batch's production time is the sum of its samples' known
-    costs (no shuffling, so batch ``j`` holds samples ``j*B .. j*B+B-1``), and the wait is what the
-    bounded-buffer model gives when those times are replayed against the known step time.
+    The quiet-machine truth comes from the timings alone: each batch's production time is the sum of its
+    samples' known costs (no shuffling, so batch ``j`` holds samples ``j*B .. j*B+B-1``), and the wait is
+    what the bounded-buffer model gives when those times are replayed against the known step time. On a
+    busy machine sleeps and spins overrun their known costs; there the truth is what the run's own clocks
+    saw (:class:`Observed`).
 
     Example:
         >>> s = Scenario("producer_bound", num_workers=2, sample_s=0.015, step_s=0.012)
@@ -78,8 +212,8 @@ class Scenario:
     persistent_workers: bool = False
     window: int = 21
 
-    def dataset(self) -> TimedDataset:
-        return TimedDataset(
+    def dataset(self) -> ClockedDataset:
+        return ClockedDataset(
             self.batch_size * self.batches_per_epoch,
             sample_s=self.sample_s,
             burst_every=self.burst_every,
@@ -105,14 +239,13 @@ class Scenario:
         costs = self.batch_costs()
         return max(1, self.num_workers) * len(costs) / sum(costs)
 
-    def simulated_waits(self, receive_s: float = 0.0) -> tuple[float, ...]:
-        """Per step of an epoch, the wait for the batch to be made (the receive cost excluded)."""
+    def simulated_waits(self) -> tuple[float, ...]:
+        """Per step of an epoch, the wait for the batch to be made, from the known costs alone."""
         from lightning_loadguard.model.buffer import simulate_buffer
 
-        receive_s = receive_s if self.num_workers else 0.0
         run = simulate_buffer(
             self.batch_costs(),
-            [self.step_s + receive_s],
+            [self.step_s],
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
             steps=self.batches_per_epoch,
@@ -120,33 +253,11 @@ class Scenario:
         )
         return run.waits
 
-    def observed_receive_s(self, module: TimedModule) -> float:
-        """What a fetch costs beyond making the batch, as the module's own clock saw it.
-
-        With workers: the median gap between the end of a step and the next batch's arrival, over the last
-        ``window`` steps on which the model says the batch was already made (taking it from the worker);
-        ``0`` when every step waited (then the gap is all production). Without workers: the median of each
-        fetch's gap less its batch's known production time (the loader's own work around the samples).
-        """
-        gaps = module.gaps[-self.window :]
-        if not self.num_workers:
-            costs = self.batch_costs()[-self.window :]
-            extra = sorted(max(0.0, gap - cost) for gap, cost in zip(gaps, costs, strict=False))
-            return extra[len(extra) // 2] if extra else 0.0
+    def expected_wait_fraction(self) -> float:
+        """Wait fraction over the last ``window`` steps of an epoch, from the known costs and the bounded-buffer
+        model: production only. A real fetch also costs the handover (taking a made batch from a worker, the
+        loader's own work around the samples), which only a run can tell; see :class:`Observed`."""
         waits = self.simulated_waits()[-self.window :]
-        ready = sorted(gap for gap, wait in zip(gaps, waits, strict=False) if wait <= 1e-9)
-        return ready[len(ready) // 2] if ready else 0.0
-
-    def expected_wait_fraction(self, receive_s: float = 0.0) -> float:
-        """Wait fraction over the last ``window`` steps of an epoch, from the bounded-buffer model.
-
-        Args:
-            receive_s: what each fetch costs beyond making the batch (see :meth:`observed_receive_s`): with
-                workers, taking a made batch from one (unpickling, attaching shared memory), which also
-                keeps the consumer busy between steps; without, the loader's own work around the samples.
-                It is part of every fetch, so it counts as wait.
-        """
-        waits = [wait + receive_s for wait in self.simulated_waits(receive_s)[-self.window :]]
         return sum(waits) / (sum(waits) + self.step_s * len(waits))
 
 
@@ -181,17 +292,25 @@ def quiet_trainer(**overrides: Any) -> Any:
     return pl.Trainer(**{**settings, **overrides})
 
 
-def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tuple[Any, TimedModule]:
+FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
+
+
+def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tuple[Any, ClockedModule]:
     """Train on the scenario's pipeline with a :class:`~lightning_loadguard.LoadGuard` attached.
 
     Returns the callback (its ``metrics`` hold the figures over the last ``scenario.window`` steps) and the
-    module (its ``seen`` holds the sample order).
+    module (its ``steps`` hold the run's own clock of every step, its ``seen`` the sample order).
     """
     from lightning_loadguard.callback import LoadGuard
 
     guard_kwargs.setdefault("window", scenario.window)
     guard_kwargs.setdefault("print_summary", False)
+    from lightning.pytorch.profilers import SimpleProfiler
+
     guard = LoadGuard(**guard_kwargs)
-    module = TimedModule(step_s=scenario.step_s, features=scenario.dataset().features)
-    quiet_trainer(max_epochs=epochs, callbacks=[guard]).fit(module, scenario.loader())
+    module = ClockedModule(step_s=scenario.step_s, features=scenario.dataset().features)
+    # Lightning's own profiler times every fetch too: LoadGuard's timing sits inside each of its intervals.
+    profiler = SimpleProfiler()
+    quiet_trainer(max_epochs=epochs, callbacks=[guard], profiler=profiler).fit(module, scenario.loader())
+    module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     return guard, module

@@ -1,12 +1,21 @@
-"""LoadGuard's figures against ground truth: pipelines whose production and step times are known."""
+"""LoadGuard's figures against what the run's own clocks saw, for pipelines whose dataset and step keep time.
+
+The dataset stamps every sample with when its producing process started and finished it; the module records
+when each batch arrived and when its step ended; Lightning's own ``SimpleProfiler`` times every fetch
+(``pipelines.Observed``). None of that is LoadGuard's measurement, and all of it stays true on a busy
+machine, where sleeps and spins overrun their known costs.
+The quiet-machine table against the known costs is ``benchmarks/accuracy.py``.
+"""
 
 from __future__ import annotations
 
 import pytest
-from pipelines import Scenario, fit_scenario, standard_scenarios
+from pipelines import Observed, Scenario, fit_scenario, standard_scenarios
 
-WAIT_TOLERANCE = 0.03  # absolute
-CAPACITY_TOLERANCE = 0.10  # relative
+CAPACITY_TOLERANCE = 0.10  # relative: the workers' busy time also holds the collate, the dataset's clock not
+# LoadGuard's timing of a fetch sits inside the profiler's, microseconds apart: 2 % of the observed figure.
+TOLERANCE_REL = 0.02
+WAIT_TOLERANCE_ABS = 0.002
 
 _CASES = [
     pytest.param(scenario, id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}")
@@ -17,21 +26,29 @@ _CASES = [
 
 
 @pytest.mark.parametrize("scenario", _CASES)
-def test_wait_fraction_and_capacity_match_the_truth(scenario: Scenario) -> None:
+def test_figures_match_the_runs_own_clocks(scenario: Scenario) -> None:
     guard, module = fit_scenario(scenario)
-    # Taking a made batch from a worker costs the main process about a millisecond (torch's queue and
-    # shared-memory handover): part of the real wait. The module's own clock measures it in this run.
-    truth_wait = scenario.expected_wait_fraction(receive_s=scenario.observed_receive_s(module))
+    seen = Observed.of(module, scenario.num_workers, scenario.window)
     metrics = guard.metrics
-    assert metrics["loadguard/wait_fraction"] == pytest.approx(truth_wait, abs=WAIT_TOLERANCE)
-    assert metrics["loadguard/producer_rate"] == pytest.approx(scenario.expected_capacity(), rel=CAPACITY_TOLERANCE)
-    assert metrics["loadguard/step_ms"] == pytest.approx(scenario.step_s * 1e3, rel=0.10)
-    # The loop's rate can never beat the slower of its two sides.
-    slower_side = min(metrics["loadguard/consumer_rate"], scenario.expected_capacity())
-    assert metrics["loadguard/throughput"] <= slower_side * 1.1
+    wait = metrics["loadguard/wait_fraction"]
+
+    # Capacity: workers over the mean production time of a batch, by the dataset's own clock.
+    assert metrics["loadguard/producer_rate"] == pytest.approx(seen.capacity, rel=CAPACITY_TOLERANCE)
+    # The wait: the fetches as Lightning's profiler timed them, over the loop time by the module's clock; and
+    # no fetch ends before its batch's last sample was made (the dataset's clock).
+    assert wait == pytest.approx(seen.wait_fraction, rel=TOLERANCE_REL, abs=WAIT_TOLERANCE_ABS)
+    assert wait >= seen.production_wait_fraction - WAIT_TOLERANCE_ABS
+    assert metrics["loadguard/step_ms"] == pytest.approx(seen.mean_step_s * 1e3, rel=TOLERANCE_REL)
+    assert metrics["loadguard/throughput"] == pytest.approx(seen.throughput, rel=TOLERANCE_REL)
     if scenario.num_workers:
-        assert metrics["loadguard/epoch_start_ms"] >= 0
-        if scenario.name == "consumer_bound":
-            assert metrics["loadguard/ready_fraction"] > 0.9
+        # A batch finished before the loop asked for it was ready; up to two boundary cases of 21 may differ
+        # (finished in the microseconds between the module's end of step and the fetch).
+        assert metrics["loadguard/ready_fraction"] == pytest.approx(seen.ready_fraction, abs=2 / scenario.window)
+        # The iterator start-up is inside the time from the epoch's start to its first batch.
+        first = next(s for s in module.steps if s.epoch == module.steps[-1].epoch)
+        start_ms = metrics["loadguard/epoch_start_ms"]
+        assert 0 < start_ms <= (first.received - module.epoch_started[-1]) * 1e3
     else:
+        # In-process, every batch is made on demand, after it is asked for: none is ever waiting.
+        assert not any(seen.made_before_asked)
         assert metrics["loadguard/ready_fraction"] == 0.0
