@@ -7,7 +7,8 @@ unit-tested on synthetic snapshots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from statistics import fmean
 
 
@@ -75,6 +76,12 @@ class WindowSnapshot:
         batch_bytes: size of one batch in host memory, or ``None``.
         rank_wait_fractions: under DDP, every rank's wait fraction (index = global rank).
         inflight_host_bytes: in-flight batch bytes summed over this host's training processes.
+        device_step_s: on an accelerator, per step, the step's time on the device's own clock (from the
+            batch in hand to the end of the step's work); empty where there is no device timeline.
+        device_data_idle_s: per device step, the device idle while the host waited for that step's batch.
+        device_loop_idle_s: per device step, the device idle from the previous step's end to the fetch
+            (callbacks, logging, synchronising calls).
+        device_copy_s: per device step, the copy of the batch to the device as the device ran it.
     """
 
     wait_s: tuple[float, ...]
@@ -93,6 +100,60 @@ class WindowSnapshot:
     rank_wait_fractions: tuple[float, ...] = ()
     inflight_host_bytes: int | None = None
     producer_instrumented: bool = True
+    device_step_s: tuple[float, ...] = ()
+    device_data_idle_s: tuple[float, ...] = ()
+    device_loop_idle_s: tuple[float, ...] = ()
+    device_copy_s: tuple[float, ...] = ()
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the window holds figures from the accelerator's own timeline."""
+        return bool(self.device_step_s)
+
+    @property
+    def device_period_s(self) -> float:
+        """Device time the window's device steps span: steps and the idle before each."""
+        return math.fsum(self.device_step_s) + self.device_idle_s
+
+    @property
+    def device_idle_s(self) -> float:
+        return math.fsum(self.device_data_idle_s) + math.fsum(self.device_loop_idle_s)
+
+    @property
+    def device_idle_fraction(self) -> float | None:
+        """Share of device time idle between steps (0..1), or ``None`` without a device timeline."""
+        period = self.device_period_s
+        return self.device_idle_s / period if self.on_device and period > 0 else None
+
+    def device_view(self) -> WindowSnapshot:
+        """This window as the accelerator saw it: the loop's wait and step on the device's clock.
+
+        The data wait becomes the device's idle while the host fetched; the step becomes the device step
+        plus the loop's idle (time the loop, not the loader, kept the device waiting); the transfer becomes
+        the copy as the device ran it. Per-fetch readiness is dropped (the device's steps are read a few
+        steps behind the host's, so the two do not align one to one). With ``num_workers=0`` the host's
+        fetch times stay the production times. Without a device timeline the window is returned as is.
+
+        Example:
+            >>> snap = WindowSnapshot(wait_s=(0.02,) * 4, step_s=(0.001,) * 4,
+            ...     device_step_s=(0.03,) * 4, device_data_idle_s=(0.0,) * 4, device_loop_idle_s=(0.002,) * 4)
+            >>> round(snap.wait_fraction, 2), snap.device_view().wait_fraction, round(snap.device_view().mean_step_s, 3)
+            (0.95, 0.0, 0.032)
+        """
+        if not self.on_device:
+            return self
+        production = self.production_s
+        if self.settings.num_workers == 0 and not production:
+            production = self.wait_s
+        steps = tuple(s + loop for s, loop in zip(self.device_step_s, self.device_loop_idle_s, strict=True))
+        return replace(
+            self,
+            wait_s=self.device_data_idle_s,
+            step_s=steps,
+            transfer_s=self.device_copy_s,
+            ready=None,
+            production_s=production,
+        )
 
     @property
     def steps(self) -> int:

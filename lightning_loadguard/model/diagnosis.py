@@ -54,7 +54,9 @@ MAX_EXTRA_WORKERS = 8
 
 _WAITED = 0.01  # a wait shorter than 1 % of a step is timer noise, not a wait for the producer
 _BUDGET_NAMES = {"ram_share": "available RAM", "shm_share": "free /dev/shm"}
-_LOSSES = frozenset({"producer_deficit", "bursty", "transfer_bound", "epoch_start_stall", "straggler_rank"})
+_LOSSES = frozenset(
+    {"producer_deficit", "bursty", "transfer_bound", "epoch_start_stall", "straggler_rank", "loop_overhead"}
+)
 
 
 def diagnose(
@@ -77,6 +79,10 @@ def diagnose(
         A :class:`Diagnosis` whose ``verdict`` is the most severe finding's (``compute_bound`` when
         nothing costs more than ``WAIT_OK``).
 
+    On an accelerator (a snapshot with a device timeline) every rule judges the device's clock: the data
+    wait is the device's idle during the fetch, the step is the device's step plus the loop's idle
+    (:meth:`WindowSnapshot.device_view`), and the loop's idle gets its own rule (``loop_overhead``).
+
     Example:
         Two workers at 0.5 s per batch cannot feed a 0.1 s step (they make 4 batches/s, it takes 10):
 
@@ -92,12 +98,15 @@ def diagnose(
         raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch!r}")
     if not snapshot.step_s:
         raise ValueError("snapshot.step_s must hold at least one step")
-    facts = _gather(snapshot, history)
+    loop = _loop_overhead(snapshot)
+    facts = _gather(snapshot.device_view(), [h.device_view() for h in history])
     findings = [
         f
         for rule in (_deficit, _bursty, _transfer, _straggler, _oversubscribed, _memory)
         if (f := rule(facts)) is not None
     ]
+    if loop is not None:
+        findings.append(loop)
     epoch = _epoch_start(facts, steps_per_epoch)
     if epoch is not None:
         findings.append(epoch)
@@ -193,6 +202,8 @@ def _rates(facts: _Facts) -> Evidence:
         "wait_fraction": facts.snap.wait_fraction,
         "num_workers": facts.workers,
     }
+    if facts.snap.on_device:
+        evidence["clock"] = "device"
     if facts.capacity is not None:
         evidence["producer_rate"] = facts.capacity
         evidence["headroom"] = facts.capacity / facts.consumer_rate
@@ -505,6 +516,36 @@ def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> 
     if most >= 1:
         return f" Memory allows at most prefetch_factor={most} with {facts.workers} workers."
     return f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)}."
+
+
+def _loop_overhead(snap: WindowSnapshot) -> Finding | None:
+    if not snap.on_device:
+        return None
+    period = snap.device_period_s
+    loop_idle = math.fsum(snap.device_loop_idle_s)
+    share = loop_idle / period if period > 0 else 0.0
+    if share < WAIT_OK:
+        return None
+    steps = len(snap.device_step_s)
+    evidence: Evidence = {
+        "loop_idle_fraction": share,
+        "loop_idle_ms": loop_idle / steps * 1e3,
+        "device_step_ms": math.fsum(snap.device_step_s) / steps * 1e3,
+        "data_idle_fraction": math.fsum(snap.device_data_idle_s) / period if period > 0 else 0.0,
+        "clock": "device",
+    }
+    fix = (
+        "Between steps the host does work the device cannot overlap: find it in the callbacks' and the "
+        "module's on_train_batch_end, logging and the progress bar. Values turned into Python numbers "
+        "(.item(), .cpu(), prog_bar=True, a metric computed on every step) make the host wait for the device "
+        "and then leave it idle: log every few steps (log_every_n_steps, on_step=False), keep running values "
+        "as device tensors, and move host-side work off the step."
+    )
+    summary = (
+        f"Loop overhead: the device idles {loop_idle / steps * 1e3:.3g} ms per step ({share:.1%} of its time) "
+        "while the host is busy outside the data fetch."
+    )
+    return Finding("loop_overhead", min(1.0, share), evidence, fix, summary)
 
 
 def _compute_bound(facts: _Facts) -> Finding:

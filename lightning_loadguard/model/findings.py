@@ -16,6 +16,7 @@ Verdict = Literal[
     "host_oversubscribed",
     "straggler_rank",
     "memory_risk",
+    "loop_overhead",
 ]
 
 VERDICTS: tuple[Verdict, ...] = (
@@ -25,6 +26,7 @@ VERDICTS: tuple[Verdict, ...] = (
     "host_oversubscribed",
     "bursty",
     "transfer_bound",
+    "loop_overhead",
     "epoch_start_stall",
     "compute_bound",
 )

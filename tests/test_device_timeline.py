@@ -1,0 +1,249 @@
+"""The device timeline against a simulated asynchronous device whose work has known durations.
+
+Each scenario drives the meters the way the Lightning adapter does (fetch, copy, step, callbacks) and
+compares the device's figures with a truth the meters did not compute: the durations given to the device,
+the test's own clock around the loop, the time a callback spent. Each also shows the host's figure for the
+same quantity, and that it is wrong on an asynchronous device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import fmean, median
+
+import pytest
+
+from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.device import DeviceTimeline
+from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.model.diagnosis import WAIT_OK, diagnose
+from sim_device import SimDevice
+
+
+@dataclass
+class Run:
+    host: WindowSnapshot
+    device: WindowSnapshot
+    timeline: DeviceTimeline
+    wall_s: float
+    steps: int
+    syncs_in_loop: int
+    fetch_started_at: list[float] = field(default_factory=list)
+
+    @property
+    def device_step_ms(self) -> float:
+        # The median: a host preempted between recording a step's start and launching its work leaves the
+        # device idle inside that step, which the device's clock rightly counts; the typical step is exact.
+        return median(self.device.device_step_s) * 1e3
+
+    def fraction(self, spans: tuple[float, ...]) -> float:
+        return sum(spans) / self.device.device_period_s
+
+
+def run_loop(
+    device: SimDevice,
+    steps: int,
+    *,
+    fetch_s: Callable[[int], float],
+    kernel_s: float,
+    copy_s: float = 0.0,
+    pinned: bool = True,
+    after_step: Callable[[int], None] | None = None,
+    max_pending: int = 16,
+) -> Run:
+    """A training loop with an in-process loader (each fetch sleeps its production time)."""
+    consumer = ConsumerMeter(window=steps)
+    timeline = DeviceTimeline(device.event, window=steps, max_pending=max_pending)
+    start = time.perf_counter()
+    fetch_started_at = []
+    for n in range(steps):
+        fetch_started_at.append(time.perf_counter())
+        consumer.fetch_started(fetch_started_at[-1])
+        timeline.fetch_started()
+        if fetch_s(n) > 0:
+            time.sleep(fetch_s(n))
+        consumer.fetch_finished(time.perf_counter())
+        timeline.fetch_finished()
+        device.copy(copy_s, pinned=pinned)
+        timeline.batch_on_device()
+        consumer.step_started(time.perf_counter())
+        device.launch(kernel_s)
+        timeline.step_ended()
+        if after_step is not None:
+            after_step(n)
+    consumer.close_step(time.perf_counter())
+    wall = time.perf_counter() - start
+    syncs = device.total_syncs
+    device.synchronize()  # the test's own wait, after the measured loop, so the last steps can be read
+    timeline.poll()
+    records = consumer.records()
+    dev = timeline.records()
+    host = WindowSnapshot(
+        wait_s=tuple(r.wait_s for r in records),
+        step_s=tuple(r.step_s for r in records),
+        transfer_s=tuple(r.transfer_s for r in records),
+        settings=LoaderSettings(num_workers=0),
+        host=HostFacts(cpu_count=8),
+    )
+    on_device = WindowSnapshot(
+        wait_s=host.wait_s,
+        step_s=host.step_s,
+        transfer_s=host.transfer_s,
+        settings=host.settings,
+        host=host.host,
+        device_step_s=tuple(r.step_s for r in dev),
+        device_data_idle_s=tuple(r.data_idle_s for r in dev),
+        device_loop_idle_s=tuple(r.loop_idle_s for r in dev),
+        device_copy_s=tuple(r.copy_s for r in dev),
+    )
+    return Run(host, on_device, timeline, wall, steps, syncs, fetch_started_at)
+
+
+def test_host_ahead_with_a_bursty_loader_waits_but_the_device_never_idles() -> None:
+    # Every 4th batch takes 60 ms to make; a .item() every 4 steps (a progress-bar refresh) lets the host
+    # run up to 3 steps (120 ms of device work) ahead, which hides the slow batch from the device.
+    device = SimDevice()
+    run = run_loop(
+        device,
+        24,
+        fetch_s=lambda n: 0.06 if n % 4 == 3 else 0.0,
+        kernel_s=0.04,
+        after_step=lambda n: device.item() if n % 4 == 3 else None,
+    )
+    assert len(run.device.device_step_s) == run.steps - 1  # every step after the first is read
+    data_idle = run.fraction(run.device.device_data_idle_s)
+    # The host waited for data a third of its time; the device idled for none of it.
+    assert run.host.wait_fraction > 0.25
+    assert data_idle < 0.02
+    assert run.device.device_idle_fraction is not None and run.device.device_idle_fraction < run.host.wait_fraction / 3
+    # The device's step is the kernels' 40 ms; the host's "step" is launches and a sync, 25 ms on average.
+    assert 40.0 - 1e-6 <= run.device_step_ms < 45.0
+    assert run.host.mean_step_s * 1e3 < 35.0
+    # The failing case of the host's figures: they name a producer deficit that costs the device nothing.
+    on_host = diagnose(run.host)
+    assert on_host.verdict == "producer_deficit"
+    on_device = diagnose(run.device)
+    assert on_device.finding("producer_deficit") is None and on_device.finding("bursty") is None
+    assert on_device.findings[-1].evidence["clock"] == "device"
+
+
+def test_a_slow_loader_idles_the_device_by_the_deficit() -> None:
+    # 50 ms to make a batch, 20 ms of device work: the device idles about 30 ms per step, the host waits 50.
+    device = SimDevice()
+    run = run_loop(device, 20, fetch_s=lambda n: 0.05, kernel_s=0.02)
+    busy = 0.02
+    truth_idle = run.wall_s / run.steps - busy  # the test's own clock less the known device work
+    idle = run.device.device_idle_s / len(run.device.device_step_s)
+    assert idle == pytest.approx(truth_idle, rel=0.15, abs=0.003)
+    # All of it is the loader's: nothing else kept the device waiting.
+    assert fmean(run.device.device_data_idle_s) > 0.9 * idle
+    assert fmean(run.device.device_loop_idle_s) < 0.1 * idle
+    assert 20.0 - 1e-6 <= run.device_step_ms < 25.0
+    # The host's wait counts the 20 ms the device still had queued when the fetch began: 60 % too high.
+    assert run.host.mean_wait_s > 1.3 * truth_idle
+    d = diagnose(run.device)
+    assert d.verdict == "producer_deficit"
+    assert d.finding("producer_deficit").evidence["wait_fraction"] == pytest.approx(
+        run.fraction(run.device.device_data_idle_s)
+    )
+
+
+def test_a_synchronising_callback_idles_the_device_and_the_idle_is_the_loops() -> None:
+    # After each step a callback turns a tensor into a number (.item(): the host waits for the device),
+    # then spends 30 ms on the host (logging). The device idles from the moment it drained until the host
+    # comes back to fetch the next batch; the loader is instant.
+    device = SimDevice()
+    drained: list[float] = []
+
+    def log_metrics(n: int) -> None:
+        device.item()
+        drained.append(device.drained_at())
+        time.sleep(0.03)
+
+    run = run_loop(device, 20, fetch_s=lambda n: 0.0, kernel_s=0.03, after_step=log_metrics)
+    truth = fmean(f - d for d, f in zip(drained, run.fetch_started_at[1:], strict=False))
+    loop_idle = fmean(run.device.device_loop_idle_s)
+    assert loop_idle == pytest.approx(truth, rel=0.1, abs=0.002)
+    assert loop_idle >= 0.03
+    assert run.fraction(run.device.device_data_idle_s) < WAIT_OK
+    assert run.fraction(run.device.device_loop_idle_s) > 0.3
+    # The host's figures cannot show this: to the host those 30 ms are step time like any other.
+    assert diagnose(run.host).finding("loop_overhead") is None
+    d = diagnose(run.device)
+    assert d.verdict == "loop_overhead"
+    assert d.findings[0].evidence["loop_idle_ms"] == pytest.approx(loop_idle * 1e3)
+
+
+def test_pageable_copy_blocks_the_host_but_the_device_sees_the_copy() -> None:
+    # A 10 ms copy before a 30 ms step, a sync every 4 steps. Pageable: the host waits for the queue in front
+    # of the copy (the previous step's kernels) and calls that "transfer"; pinned: the host sees no transfer.
+    # The device's copy is 10 ms either way, a quarter of its time; pageable, the device also idles from the
+    # copy's end until the blocked host wakes and launches the step, which the device's figure includes.
+    def sync_every_4(device: SimDevice) -> Callable[[int], None]:
+        return lambda n: device.item() if n % 4 == 3 else None
+
+    figures = {}
+    for pinned in (False, True):
+        device = SimDevice()
+        run = run_loop(
+            device, 16, fetch_s=lambda n: 0.0, kernel_s=0.03, copy_s=0.01, pinned=pinned,
+            after_step=sync_every_4(device),
+        )
+        copy = median(run.device.device_copy_s)
+        assert 0.010 - 1e-9 <= copy < (0.012 if pinned else 0.025)
+        figures[pinned] = (fmean(run.host.transfer_s), copy, run)
+        d = diagnose(run.device)
+        assert d.verdict == "transfer_bound"
+        assert d.findings[0].evidence["transfer_fraction"] >= 0.2
+    assert figures[False][0] > 1.5 * figures[False][1]  # the host overstates the copy...
+    assert figures[True][0] < 0.5 * figures[True][1]  # ...or does not see it at all
+    assert diagnose(figures[True][2].host).finding("transfer_bound") is None
+
+
+def test_reading_the_timeline_never_synchronises_the_device() -> None:
+    # A fast loader and no sync in the loop: the host runs far ahead of the device. The meter must neither
+    # wait for events (no synchronisation) nor read one the device has not passed (that would raise).
+    device = SimDevice()
+    run = run_loop(device, 30, fetch_s=lambda n: 0.0, kernel_s=0.01, max_pending=4)
+    assert run.syncs_in_loop == 0
+    assert run.wall_s < 0.5 * device.busy_s  # the host was never held back by the device
+    assert run.timeline.skipped_steps > 0  # beyond 4 pending steps, steps go unmeasured rather than waited for
+    assert run.timeline.events_made <= 4 * (4 + 2)  # the pool stays small and is reused
+    assert device.queries <= 4 * run.steps  # about one query per step, plus the reads
+
+
+def test_the_meter_steady_state_reads_each_step_once_with_few_events() -> None:
+    device = SimDevice()
+    run = run_loop(device, 40, fetch_s=lambda n: 0.002, kernel_s=0.001)
+    assert run.syncs_in_loop == 0
+    assert run.timeline.skipped_steps == 0
+    assert len(run.timeline.records()) == run.steps - 1
+    assert run.timeline.events_made <= 12
+
+
+def test_break_chain_drops_the_idle_of_the_step_after_it() -> None:
+    device = SimDevice()
+    timeline = DeviceTimeline(device.event, window=10)
+    for n in range(4):
+        timeline.fetch_started()
+        timeline.fetch_finished()
+        timeline.batch_on_device()
+        device.launch(0.001)
+        timeline.step_ended()
+        if n == 1:
+            timeline.break_chain()  # e.g. validation ran here
+            time.sleep(0.02)
+    device.synchronize()
+    timeline.poll()
+    records = timeline.records()
+    assert len(records) == 2  # step 0 has no predecessor, step 2 follows the break
+    assert all(r.idle_s < 0.015 for r in records)
+
+
+def test_device_timeline_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="window"):
+        DeviceTimeline(SimDevice().event, window=0)
+    with pytest.raises(ValueError, match="max_pending"):
+        DeviceTimeline(SimDevice().event, window=3, max_pending=0)
