@@ -6,6 +6,7 @@ import math
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from lightning_loadguard import _lightning as _pl
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.device import DeviceEvent, DeviceTimeline, cuda_events
 from lightning_loadguard.meters.host import batch_nbytes, host_facts, host_key
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.producer import ProducerMeter
@@ -78,6 +80,10 @@ class LoadGuard(_pl.Callback):
         0.62
     """
 
+    _device_events: Callable[[], DeviceEvent] | None = None
+    """Where the device's timing events come from; ``None`` picks CUDA events on a CUDA device (tests plug in
+    a simulated device here)."""
+
     def __init__(
         self,
         window: int = 100,
@@ -106,6 +112,7 @@ class LoadGuard(_pl.Callback):
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
         self._consumer = ConsumerMeter(window)
+        self._timeline: DeviceTimeline | None = None
         # Production is averaged over more batches than the steps' window: a burst every few dozen batches
         # would otherwise swing the capacity by a burst's share of the window.
         self._producer = ProducerMeter(_PRODUCER_WINDOWS * window)
@@ -169,8 +176,12 @@ class LoadGuard(_pl.Callback):
 
     def _on_fetch_start(self, now: float) -> None:
         self._consumer.fetch_started(now)
+        if self._timeline is not None:
+            self._guarded("measuring the device timeline", self._timeline.fetch_started)
 
     def _on_fetch_stop(self, now: float) -> None:
+        if self._timeline is not None:
+            self._guarded("measuring the device timeline", self._timeline.fetch_finished)
         self._consumer.fetch_finished(now)
 
 
@@ -186,6 +197,10 @@ class LoadGuard(_pl.Callback):
         """The loader's settings were changed in place: start the windows afresh for the new settings."""
         self._settings = _settings_of(loader)
         self._consumer.clear()
+        if self._timeline is not None:
+            # The switch restarts the workers between two steps: that gap is not the loop's.
+            self._timeline.break_chain()
+            self._timeline.clear()
 
     def _instrument(self, loaders: list[Any]) -> None:
         if len(loaders) == 1 and loaders[0] is self._loader:
@@ -226,6 +241,8 @@ class LoadGuard(_pl.Callback):
             lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop),
         )
         _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
+        events = self._device_events or cuda_events(trainer.strategy.root_device)
+        self._timeline = DeviceTimeline(events, self.window) if events is not None else None
         self._gpu = GpuUtilization(trainer.strategy.root_device)
         if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
@@ -247,6 +264,8 @@ class LoadGuard(_pl.Callback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking:
             self._validation_start = time.perf_counter()
+            if self._timeline is not None:
+                self._timeline.break_chain()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._validation_start is not None:
@@ -254,6 +273,9 @@ class LoadGuard(_pl.Callback):
             self._validation_start = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._timeline is not None:
+            # First: Lightning's batch_to_device has just launched the copy.
+            self._guarded("measuring the device timeline", self._timeline.batch_on_device)
         # From the batch's arrival to here: input conversion and the copy to the device.
         self._consumer.step_started(time.perf_counter())
         if self._measure_batch or self._should_log(trainer):
@@ -263,6 +285,9 @@ class LoadGuard(_pl.Callback):
                 self._batch_bytes = size
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._timeline is not None:
+            # First, before any logging here or in later callbacks can make the host wait for the device.
+            self._guarded("measuring the device timeline", self._timeline.step_ended)
         if self._should_log(trainer):
             self._publish(trainer)
         if self._tuner is not None:
@@ -270,6 +295,8 @@ class LoadGuard(_pl.Callback):
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._consumer.close_step(time.perf_counter())
+        if self._timeline is not None:
+            self._timeline.break_chain()
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)
@@ -324,6 +351,7 @@ class LoadGuard(_pl.Callback):
         # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
         levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
         facts = host_facts(self._processes_on_host)
+        device = self._device_records()
         return WindowSnapshot(
             wait_s=tuple(r.wait_s for r in records),
             step_s=tuple(r.step_s for r in records),
@@ -339,7 +367,17 @@ class LoadGuard(_pl.Callback):
             epoch_start_s=tuple(self._epoch_start_s),
             batch_bytes=self._batch_bytes,
             producer_instrumented=self._producer_instrumented,
+            device_step_s=tuple(r.step_s for r in device),
+            device_data_idle_s=tuple(r.data_idle_s for r in device),
+            device_loop_idle_s=tuple(r.loop_idle_s for r in device),
+            device_copy_s=tuple(r.copy_s for r in device),
         )
+
+    def _device_records(self) -> list[Any]:
+        if self._timeline is None or "measuring the device timeline" in self._switched_off:
+            return []
+        self._guarded("measuring the device timeline", self._timeline.poll)
+        return self._timeline.records()
 
     def _local_row(self, snapshot: WindowSnapshot) -> list[float]:
         def opt(value: float | None, scale: float = 1.0) -> float:
@@ -347,16 +385,32 @@ class LoadGuard(_pl.Callback):
 
         gpu = self._gpu.read() if self._gpu is not None else None
         inflight = snapshot.inflight_bytes
+        # On an accelerator the loop's rates are the device's: the host's clock measures launches.
+        loop = snapshot.device_view()
+        device_steps = len(snapshot.device_step_s)
+        period = snapshot.device_period_s
+
+        def device_share(spans: tuple[float, ...]) -> float:
+            return math.fsum(spans) / period if device_steps and period > 0 else _NAN
+
+        def device_ms(spans: tuple[float, ...]) -> float:
+            return math.fsum(spans) / device_steps * 1e3 if device_steps else _NAN
+
         values = {
             "wait_fraction": snapshot.wait_fraction if snapshot.steps else _NAN,
             "data_wait_ms": snapshot.mean_wait_s * 1e3 if snapshot.steps else _NAN,
             "step_ms": snapshot.mean_step_s * 1e3 if snapshot.steps else _NAN,
-            "throughput": snapshot.throughput if snapshot.steps else _NAN,
-            "consumer_rate": snapshot.consumer_rate if snapshot.steps and snapshot.mean_step_s > 0 else _NAN,
+            "throughput": loop.throughput if loop.steps else _NAN,
+            "consumer_rate": loop.consumer_rate if loop.steps and loop.mean_step_s > 0 else _NAN,
             "producer_rate": opt(snapshot.producer_rate),
             "ready_fraction": opt(snapshot.ready_fraction),
             "epoch_start_ms": opt(snapshot.epoch_start_s[-1] if snapshot.epoch_start_s else None, 1e3),
             "transfer_ms": (sum(snapshot.transfer_s) / snapshot.steps * 1e3) if snapshot.steps else _NAN,
+            "device_idle_fraction": opt(snapshot.device_idle_fraction),
+            "device_data_idle_fraction": device_share(snapshot.device_data_idle_s),
+            "device_loop_idle_fraction": device_share(snapshot.device_loop_idle_s),
+            "device_step_ms": device_ms(snapshot.device_step_s),
+            "device_transfer_ms": device_ms(snapshot.device_copy_s),
             "gpu_util": opt(gpu),
             "inflight_bytes": opt(inflight),
             "host_key": self._host_key,

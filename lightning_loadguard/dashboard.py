@@ -20,6 +20,14 @@ METRICS: dict[str, str] = {
     "loadguard/shm_free_mb": "free space on /dev/shm (MB)",
     "loadguard/transfer_ms": "mean time from a batch's arrival to the start of its step: input conversion and "
     "the copy to the device (ms)",
+    "loadguard/device_idle_fraction": "share of the accelerator's time idle between steps (0..1), on its own "
+    "clock; accelerators only",
+    "loadguard/device_data_idle_fraction": "share of the accelerator's time idle while the host waited for "
+    "data (0..1): the loader's part of the idle",
+    "loadguard/device_loop_idle_fraction": "share of the accelerator's time idle while the host was busy "
+    "outside the fetch (0..1): the loop's part of the idle",
+    "loadguard/device_step_ms": "mean step time on the accelerator's clock (ms)",
+    "loadguard/device_transfer_ms": "mean copy of the batch to the accelerator, on its clock (ms)",
     "loadguard/gpu_util": "accelerator utilization from NVML (0..1), only where measurable",
     "loadguard/worst_rank": "the rank with the highest wait fraction (distributed runs only)",
 }
@@ -56,6 +64,14 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                 "Multiline",
                 ["loadguard/inflight_host_mb", "loadguard/host_available_mb", "loadguard/shm_free_mb"],
             ],
+            "Accelerator idle between steps: total, waiting for data, waiting for the loop": [
+                "Multiline",
+                [
+                    "loadguard/device_idle_fraction",
+                    "loadguard/device_data_idle_fraction",
+                    "loadguard/device_loop_idle_fraction",
+                ],
+            ],
             "Step anatomy (ms)": [
                 "Multiline",
                 [
@@ -63,6 +79,8 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                     "loadguard/step_ms",
                     "loadguard/transfer_ms",
                     "loadguard/epoch_start_ms",
+                    "loadguard/device_step_ms",
+                    "loadguard/device_transfer_ms",
                 ],
             ],
         }

@@ -206,6 +206,14 @@ def format_summary(
         ("host RAM available", _fmt(get("loadguard/host_available_mb"), " MB", 0)),
         ("/dev/shm free", _fmt(get("loadguard/shm_free_mb"), " MB", 0)),
     ]
+    if "loadguard/device_step_ms" in metrics:
+        rows += [
+            ("device step (device clock)", _fmt(get("loadguard/device_step_ms"), " ms")),
+            ("device idle between steps", _fmt(get("loadguard/device_idle_fraction"), "", 3)),
+            ("  of it waiting for data", _fmt(get("loadguard/device_data_idle_fraction"), "", 3)),
+            ("  of it waiting for the loop", _fmt(get("loadguard/device_loop_idle_fraction"), "", 3)),
+            ("copy to the device (device clock)", _fmt(get("loadguard/device_transfer_ms"), " ms")),
+        ]
     if "loadguard/gpu_util" in metrics:
         rows.append(("accelerator utilization", _fmt(metrics["loadguard/gpu_util"], "", 2)))
     if "loadguard/worst_rank" in metrics:

@@ -8,18 +8,25 @@ same quantity, and that it is wrong on an asynchronous device.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import fmean, median
 
+import lightning.pytorch as pl
 import pytest
+import torch
+from pipelines import quiet_trainer
+from sim_device import SimDevice
 
+from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.device import DeviceTimeline
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
 from lightning_loadguard.model.diagnosis import WAIT_OK, diagnose
-from sim_device import SimDevice
 
 
 @dataclass
@@ -247,3 +254,112 @@ def test_device_timeline_refuses_bad_arguments() -> None:
         DeviceTimeline(SimDevice().event, window=0)
     with pytest.raises(ValueError, match="max_pending"):
         DeviceTimeline(SimDevice().event, window=3, max_pending=0)
+
+
+# -- the Lightning adapter, with the simulated device where CUDA events would be ---------------------------
+
+
+class _SleepyData(torch.utils.data.Dataset):
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.seconds:
+            time.sleep(self.seconds)
+        return torch.ones(2)
+
+
+class _DeviceModule(pl.LightningModule):
+    """Each step queues ``kernel_s`` of work on the simulated device, as a CUDA model's step queues kernels."""
+
+    def __init__(self, device: SimDevice, kernel_s: float) -> None:
+        super().__init__()
+        self.sim, self.kernel_s = device, kernel_s
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.sim.launch(self.kernel_s)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _SyncingLogger(pl.Callback):
+    """A callback listed after LoadGuard that reads a device value every step, then works on the host."""
+
+    def __init__(self, device: SimDevice, host_s: float) -> None:
+        self.sim, self.host_s = device, host_s
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.sim.item()
+        time.sleep(self.host_s)
+
+
+class _Clock(pl.Callback):
+    """Host timestamps at each batch start: the loop's period, from a clock no event touched."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.starts.append(time.perf_counter())
+
+    def period(self, last: int) -> float:
+        return (self.starts[-1] - self.starts[-1 - last]) / last
+
+
+def _fit(device: SimDevice | None, fetch_s: float, kernel_s: float, *extra: pl.Callback) -> tuple[LoadGuard, float]:
+    """Fit 26 steps; returns the callback and the device's true idle share over its last window."""
+    guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False)
+    if device is not None:
+        guard._device_events = device.event
+    module = _DeviceModule(device or SimDevice(), kernel_s)
+    loader = torch.utils.data.DataLoader(_SleepyData(26, fetch_s), batch_size=1)
+    clock = _Clock()
+    quiet_trainer(max_epochs=1, callbacks=[guard, *extra, clock]).fit(module, loader)
+    return guard, 1.0 - kernel_s / clock.period(12)
+
+
+def test_trainer_with_a_simulated_device_measures_the_loaders_idle_on_the_device() -> None:
+    device = SimDevice()
+    guard, truth = _fit(device, 0.04, 0.015)
+    m = guard.metrics
+    # 40 ms per batch against 15 ms of device work: the device idles about 25 of every 40 ms, waiting for data.
+    assert m["loadguard/device_idle_fraction"] == pytest.approx(truth, abs=0.08)
+    assert m["loadguard/device_data_idle_fraction"] > 0.85 * m["loadguard/device_idle_fraction"]
+    assert m["loadguard/wait_fraction"] > m["loadguard/device_data_idle_fraction"] + 0.15  # the host's figure
+    assert guard.snapshot is not None
+    assert 15.0 - 1e-6 <= median(guard.snapshot.device_step_s) * 1e3 < 20.0
+    assert m["loadguard/consumer_rate"] < 1 / 0.015  # from the device's step, not the host's launches
+    assert guard.diagnosis is not None and guard.diagnosis.verdict == "producer_deficit"
+    assert device.total_syncs == 0  # measuring added no synchronisation to any step
+
+
+def test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhead() -> None:
+    device = SimDevice()
+    guard, truth = _fit(device, 0.0, 0.02, _SyncingLogger(device, 0.02))
+    m = guard.metrics
+    assert m["loadguard/device_loop_idle_fraction"] == pytest.approx(truth, abs=0.08)
+    assert m["loadguard/device_loop_idle_fraction"] > 0.3
+    assert m["loadguard/device_data_idle_fraction"] < WAIT_OK
+    assert guard.diagnosis is not None and guard.diagnosis.verdict == "loop_overhead"
+    assert device.syncs["item"] == 26  # the callback's own, one per step; LoadGuard added none
+
+
+def test_on_cpu_the_device_metrics_are_absent() -> None:
+    guard, _ = _fit(None, 0.0, 0.0)
+    assert "loadguard/step_ms" in guard.metrics
+    assert not any(name.startswith("loadguard/device_") for name in guard.metrics)
+    assert guard.snapshot is not None and not guard.snapshot.on_device
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs for real where CUDA exists")
+def test_gpu_check_says_clearly_that_it_needs_a_cuda_device() -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "no CUDA device" in done.stderr and "nothing was checked" in done.stderr

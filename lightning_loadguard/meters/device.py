@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["DeviceEvent", "DeviceStep", "DeviceTimeline"]
+__all__ = ["DeviceEvent", "DeviceStep", "DeviceTimeline", "cuda_events"]
 
 
 class DeviceEvent(Protocol):
@@ -249,3 +249,21 @@ class DeviceTimeline:
     def events_made(self) -> int:
         """Timing events created so far: the pool's size."""
         return self._made
+
+
+def cuda_events(device: Any) -> Callable[[], DeviceEvent] | None:
+    """The event factory for a CUDA training device, or ``None`` where the host's clock is the device's.
+
+    Events are recorded on the current stream of the current device, which is the training device once
+    the strategy has set it up.
+
+    Example:
+        >>> import torch
+        >>> cuda_events(torch.device("cpu")) is None
+        True
+    """
+    import torch
+
+    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return None
+    return lambda: torch.cuda.Event(enable_timing=True)

@@ -20,6 +20,11 @@ FIELDS: tuple[str, ...] = (
     "ready_fraction",
     "epoch_start_ms",
     "transfer_ms",
+    "device_idle_fraction",
+    "device_data_idle_fraction",
+    "device_loop_idle_fraction",
+    "device_step_ms",
+    "device_transfer_ms",
     "gpu_util",
     "inflight_bytes",
     "host_key",
@@ -28,8 +33,8 @@ FIELDS: tuple[str, ...] = (
 )
 """The per-rank vector that every rank contributes at a logging step (NaN: not measured)."""
 
-# The first nine describe the worst rank's loop; they are logged from that one rank so that they add up.
-_WORST_RANK_FIELDS = FIELDS[: FIELDS.index("transfer_ms") + 1]
+# The first ones describe the worst rank's loop; they are logged from that one rank so that they add up.
+_WORST_RANK_FIELDS = FIELDS[: FIELDS.index("device_transfer_ms") + 1]
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,9 @@ def combine_ranks(rows: Sequence[Sequence[float]], this_rank: int = 0) -> RankSu
 
     Example:
         >>> nan = float("nan")
-        >>> fast = [0.1, 1, 9, 100, 110, 200, 1, 5, 0, nan, 1e6, 7, 1000, 500]
-        >>> slow = [0.5, 5, 5, 100, 200, 100, 0, 5, 0, nan, 1e6, 7, 1000, 500]
+        >>> device = [nan] * 5  # a CPU run: no device timeline
+        >>> fast = [0.1, 1, 9, 100, 110, 200, 1, 5, 0, *device, nan, 1e6, 7, 1000, 500]
+        >>> slow = [0.5, 5, 5, 100, 200, 100, 0, 5, 0, *device, nan, 1e6, 7, 1000, 500]
         >>> out = combine_ranks([fast, slow])
         >>> out.worst_rank, out.metrics["loadguard/wait_fraction"], out.metrics["loadguard/inflight_host_mb"]
         (1, 0.5, 2.0)
