@@ -373,6 +373,16 @@ class LoadGuard(_pl.Callback):
             device_copy_s=tuple(r.copy_s for r in device),
         )
 
+    def _device_window(self, steps: int) -> tuple[list[float], list[float]] | None:
+        """The last ``steps`` device steps as (step + loop idle, data idle), ``None`` with under half of them.
+
+        The device's steps are read a step or two behind the host's; the loader's last switch cleared them.
+        """
+        records = self._device_records()[-steps:]
+        if not records or len(records) < steps / 2:
+            return None
+        return [r.step_s + r.loop_idle_s for r in records], [r.data_idle_s for r in records]
+
     def _device_records(self) -> list[Any]:
         if self._timeline is None or "measuring the device timeline" in self._switched_off:
             return []

@@ -64,7 +64,7 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                 "Multiline",
                 ["loadguard/inflight_host_mb", "loadguard/host_available_mb", "loadguard/shm_free_mb"],
             ],
-            "Accelerator idle between steps: total, waiting for data, waiting for the loop": [
+            "Device idle between steps (accelerators): total, waiting for data, waiting for the loop": [
                 "Multiline",
                 [
                     "loadguard/device_idle_fraction",

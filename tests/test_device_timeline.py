@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, median
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -22,6 +23,7 @@ import torch
 from pipelines import quiet_trainer
 from sim_device import SimDevice
 
+from lightning_loadguard import TuneOptions
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.device import DeviceTimeline
@@ -289,14 +291,16 @@ class _DeviceModule(pl.LightningModule):
 
 
 class _SyncingLogger(pl.Callback):
-    """A callback listed after LoadGuard that reads a device value every step, then works on the host."""
+    """A callback listed after LoadGuard that reads a device value every ``every`` steps, then works on the host."""
 
-    def __init__(self, device: SimDevice, host_s: float) -> None:
-        self.sim, self.host_s = device, host_s
+    def __init__(self, device: SimDevice, host_s: float, every: int = 1) -> None:
+        self.sim, self.host_s, self.every = device, host_s, every
 
-    def on_train_batch_end(self, *args: object) -> None:
-        self.sim.item()
-        time.sleep(self.host_s)
+    def on_train_batch_end(self, trainer: pl.Trainer, module: object, outputs: object, batch: object, i: int) -> None:
+        if i % self.every == self.every - 1:
+            self.sim.item()
+            if self.host_s:
+                time.sleep(self.host_s)
 
 
 class _Clock(pl.Callback):
@@ -312,13 +316,28 @@ class _Clock(pl.Callback):
         return (self.starts[-1] - self.starts[-1 - last]) / last
 
 
-def _fit(device: SimDevice | None, fetch_s: float, kernel_s: float, *extra: pl.Callback) -> tuple[LoadGuard, float]:
-    """Fit 26 steps; returns the callback and the device's true idle share over its last window."""
-    guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False)
+class _BurstyData(_SleepyData):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i % 4 == 3:
+            time.sleep(self.seconds)
+        return torch.ones(2)
+
+
+def _fit(
+    device: SimDevice | None,
+    fetch_s: float,
+    kernel_s: float,
+    *extra: pl.Callback,
+    data: type[_SleepyData] = _SleepyData,
+    steps: int = 26,
+    **guard_kwargs: Any,
+) -> tuple[LoadGuard, float]:
+    """Fit ``steps`` steps; returns the callback and the device's true idle share over its last window."""
+    guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False, **guard_kwargs)
     if device is not None:
         guard._device_events = device.event
     module = _DeviceModule(device or SimDevice(), kernel_s)
-    loader = torch.utils.data.DataLoader(_SleepyData(26, fetch_s), batch_size=1)
+    loader = torch.utils.data.DataLoader(data(steps, fetch_s), batch_size=1)
     clock = _Clock()
     quiet_trainer(max_epochs=1, callbacks=[guard, *extra, clock]).fit(module, loader)
     return guard, 1.0 - kernel_s / clock.period(12)
@@ -348,6 +367,23 @@ def test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhe
     assert m["loadguard/device_data_idle_fraction"] < WAIT_OK
     assert guard.diagnosis is not None and guard.diagnosis.verdict == "loop_overhead"
     assert device.syncs["item"] == 26  # the callback's own, one per step; LoadGuard added none
+
+
+def test_the_tuner_judges_settings_by_the_devices_idle() -> None:
+    # Host ahead with a bursty in-process loader: the host waits ~40 % of its time, the device never idles.
+    # On the device's clock there is nothing to win, so the tuner keeps the settings without probing; the
+    # host's clock would have sent it probing worker counts.
+    options = TuneOptions(warmup_steps=3, window_steps=8, probe_share=0.5, tune_persistent_workers=False)
+    device = SimDevice()
+    guard, _ = _fit(
+        device, 0.06, 0.03, _SyncingLogger(device, 0.0, every=4), data=_BurstyData, steps=48, auto_tune=options
+    )
+    assert guard.decision is not None
+    assert guard.decision.verdict == "compute_bound"
+    assert len(guard.decision.candidates) == 1  # only the user's own setting was measured
+    assert guard.decision.throughput_before is not None
+    assert guard.decision.throughput_before < 1.02 / 0.03  # never above the device's own rate
+    assert guard.metrics["loadguard/wait_fraction"] > 0.2  # what the host's clock says
 
 
 def test_on_cpu_the_device_metrics_are_absent() -> None:

@@ -218,9 +218,15 @@ class TuningSession:
         records = self.guard._consumer.records()[-window_steps:]
         steps = [r.step_s for r in records]
         waits = [r.wait_s for r in records]
+        full = len(records) == window_steps
+        device = self.guard._device_window(window_steps)
+        if device is not None:
+            # On an accelerator a setting is judged by the device's idle: a pinned copy lets the host run
+            # ahead, which the host's own clock does not show.
+            (steps, waits), full = device, True
         loop_cpu, workers_cpu = time.process_time(), _worker_cpu_seconds(trainer)
         elapsed = now - start
-        loop_s = sum(steps) + sum(waits)
+        loop_s = (sum(steps) + sum(waits)) * window_steps / max(1, len(steps))
         worker_cores = None
         if workers_cpu is not None and self._cpu_start[1] is not None and elapsed > 0:
             worker_cores = (workers_cpu - self._cpu_start[1]) / elapsed
@@ -228,7 +234,7 @@ class TuningSession:
         local = Measurement(
             steps=window_steps,
             # The loop's own time (validation runs inside the epoch are excluded by the consumer meter).
-            elapsed_s=loop_s if len(records) == window_steps else elapsed,
+            elapsed_s=loop_s if full else elapsed,
             made=(producer.total_batches - made_before) if metered else None,
             mean_step_s=mean_or_none(steps) or 0.0,
             mean_production_s=mean_or_none(durations),
