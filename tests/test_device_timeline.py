@@ -393,9 +393,21 @@ def test_on_cpu_the_device_metrics_are_absent() -> None:
     assert guard.snapshot is not None and not guard.snapshot.on_device
 
 
+_GPU_CHECK = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs for real where CUDA exists")
 def test_gpu_check_says_clearly_that_it_needs_a_cuda_device() -> None:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(_GPU_CHECK)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "no CUDA device" in done.stderr and "nothing was checked" in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_passes_its_own_checks_on_the_simulated_device() -> None:
+    # The script's pipelines, truths and tolerances, run against the simulated device instead of CUDA.
+    done = subprocess.run(
+        [sys.executable, str(_GPU_CHECK), "--simulate", "--steps", "48"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checks passed" in done.stdout and "MISS" not in done.stdout

@@ -536,10 +536,10 @@ def _loop_overhead(snap: WindowSnapshot) -> Finding | None:
     }
     fix = (
         "Between steps the host does work the device cannot overlap: find it in the callbacks' and the "
-        "module's on_train_batch_end, logging and the progress bar. Values turned into Python numbers "
-        "(.item(), .cpu(), prog_bar=True, a metric computed on every step) make the host wait for the device "
-        "and then leave it idle: log every few steps (log_every_n_steps, on_step=False), keep running values "
-        "as device tensors, and move host-side work off the step."
+        "module's on_train_batch_end, logging, the progress bar and checkpoint saving. Values turned into "
+        "Python numbers (.item(), .cpu(), prog_bar=True, a metric computed on every step) make the host wait "
+        "for the device and then leave it idle: log every few steps (log_every_n_steps, on_step=False), keep "
+        "running values as device tensors, and move host-side work off the step."
     )
     summary = (
         f"Loop overhead: the device idles {loop_idle / steps * 1e3:.3g} ms per step ({share:.1%} of its time) "
