@@ -14,6 +14,8 @@ try:
 except ImportError:  # pragma: no cover - the standalone package only
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
+from lightning_loadguard.position.state import PositionMismatchError
+
 Callback = pl.Callback
 
 _FETCH_ACTION_SUFFIX = "].train_dataloader_next"
@@ -135,3 +137,226 @@ def log_step(trainer: Any) -> int:
         return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
     except AttributeError:
         return int(trainer.global_step)
+
+
+# --- Exact resume (ResumableLoaderMixin) --------------------------------------------------------------------
+# Checked on Lightning 2.6.6 (installed) and 2.4.0 / 2.5.x (the range pyproject declares). Where an internal
+# read here is missing, the accessor raises ``PositionMismatchError`` with the reason instead of guessing.
+
+_PROGRESS_FIELDS = ("ready", "started", "processed", "completed")
+
+NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
+"""Start of the warning ``_TrainingEpochLoop.reset`` prints on a mid-epoch resume of a loader without
+``state_dict`` (the same text on 2.4, 2.5 and 2.6)."""
+
+
+def _missing(what: str, err: BaseException) -> PositionMismatchError:
+    return PositionMismatchError(
+        f"this Lightning version ({pl.__version__}) keeps no {what} where versions 2.4-2.6 do ({err!r}); the "
+        "loader position cannot be aligned with the trainer's, so exact resume is refused"
+    )
+
+
+def loaded_checkpoint(trainer: Any) -> dict[str, Any] | None:
+    """The checkpoint the trainer is restoring (``None`` once restored or when not resuming).
+
+    ``trainer._checkpoint_connector._loaded_checkpoint``: 2.4-2.6. Missing: ``PositionMismatchError``.
+    """
+    try:
+        return trainer._checkpoint_connector._loaded_checkpoint or None
+    except AttributeError as err:
+        raise _missing("checkpoint being restored", err) from err
+
+
+def shift_restored_batch_count(trainer: Any, delta: int) -> None:
+    """Move the batch count the trainer is about to restore by ``delta`` (a new world size's coordinates).
+
+    The datamodule's state is loaded before the loops', so the loaded checkpoint can still be edited; the
+    trainer then counts to the epoch's length exactly when the re-sharded remainder runs out. The layout
+    ``ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]`` is the one of 2.4-2.6.
+    """
+    if delta == 0:
+        return
+    try:
+        loaded = loaded_checkpoint(trainer)
+        current = loaded["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]  # type: ignore[index]
+        values = {f: int(current[f]) for f in _PROGRESS_FIELDS}
+    except (KeyError, TypeError) as err:
+        raise _missing("batch progress in the checkpoint", err) from err
+    for name, value in values.items():
+        current[name] = value + delta
+
+
+def align_with_lightning_restart(trainer: Any) -> int:
+    """Make Lightning 2.4 restore the loops as 2.5+ does; return how often it will start iterating the train
+    loader before the first resumed training step.
+
+    Two restart details changed in 2.5, each detected by the attribute that came with it
+    (``_TrainingEpochLoop.restarted_on_train_batch_end``, ``_FitLoop.is_resuming``; both present on 2.5 and
+    2.6, where this function changes nothing):
+
+    - A checkpoint written in ``on_train_batch_end`` holds ``processed = completed + 1``. 2.5+ resumes after
+      that batch, or in the next epoch when it was the epoch's last. 2.4 sets every batch counter back to
+      ``completed``: it would train one batch more than the epoch has left. The counters are moved to what
+      2.5 restores (:func:`_finish_saved_batch`) before the loops reset: in the checkpoint still being
+      restored when the loader is built early (``estimated_stepping_batches`` in ``configure_optimizers``),
+      else in the restored loops (writing ``_batches_that_stepped`` and ``fit_loop.restarting``).
+    - Resumed at an epoch boundary after epoch 0, 2.4 iterates the loader in ``setup_data`` and again at
+      the epoch's start, dropping what the first iterator fetched ahead; 2.5+ keeps the first. A dataset
+      whose state moves as it is read must then start both iterations from the saved state.
+    """
+    fit_loop = trainer.fit_loop
+    epoch_loop = fit_loop.epoch_loop
+    if trainer.ckpt_path is None:
+        return 1
+    modern_batch_end = hasattr(epoch_loop, "restarted_on_train_batch_end")
+    modern_resume = hasattr(fit_loop, "is_resuming")
+    if modern_batch_end and modern_resume:
+        return 1
+    pending = loaded_checkpoint(trainer)
+    try:
+        if pending:
+            fit_state = pending.get("loops", {}).get("fit_loop")
+            if fit_state is None:
+                return 1
+        else:
+            fit_state = {
+                "epoch_progress": fit_loop.epoch_progress.state_dict(),
+                "epoch_loop.batch_progress": epoch_loop.batch_progress.state_dict(),
+                "epoch_loop.state_dict": {"_batches_that_stepped": epoch_loop._batches_that_stepped},
+            }
+        edited = not modern_batch_end and _finish_saved_batch(fit_state, trainer)
+        if edited and not pending:
+            fit_loop.epoch_progress.load_state_dict(fit_state["epoch_progress"])
+            epoch_loop.batch_progress.load_state_dict(fit_state["epoch_loop.batch_progress"])
+            epoch_loop._batches_that_stepped = fit_state["epoch_loop.state_dict"]["_batches_that_stepped"]
+            # The setter decides again from the epoch counters whether an epoch is still unfinished.
+            fit_loop.restarting = True
+        epochs = fit_state["epoch_progress"]["current"]
+        at_epoch_boundary = epochs["ready"] == epochs["started"] == epochs["processed"]
+        if (
+            not modern_resume
+            and at_epoch_boundary
+            and epochs["processed"] > 0
+            and not fit_loop._iteration_based_training()
+        ):
+            return 2
+    except (AttributeError, KeyError, TypeError) as err:
+        raise _missing("loop progress", err) from err
+    return 1
+
+
+def _finish_saved_batch(fit_state: dict[str, Any], trainer: Any) -> bool:
+    """Edit a fit loop's state (the checkpoint's layout) as if ``on_train_batch_end`` had returned.
+
+    Returns whether anything changed: only a state saved inside ``on_train_batch_end`` is edited.
+    """
+    batches = fit_state["epoch_loop.batch_progress"]
+    current = batches["current"]
+    if current["processed"] != current["completed"] + 1:
+        return False
+    done = current["processed"]
+    last = bool(batches["is_last_batch"])
+    for part in ("current", "total"):
+        batches[part]["completed"] = batches[part]["processed"]
+    # The batch stepped the optimizer unless it accumulated; Lightning counts it in ``on_advance_end``.
+    stepped = done % trainer.accumulate_grad_batches == 0 or (
+        last and not trainer.strategy.handles_gradient_accumulation
+    )
+    loop_state = fit_state.setdefault("epoch_loop.state_dict", {})
+    if stepped and "_batches_that_stepped" in loop_state:
+        loop_state["_batches_that_stepped"] += 1
+    if last:
+        # Restore into the next epoch as an epoch-end checkpoint does: the finished epoch's end hooks and
+        # validation are not run again, as on Lightning >= 2.5.
+        for part in ("current", "total"):
+            epochs = fit_state["epoch_progress"][part]
+            epochs["processed"] = epochs["completed"] = epochs["started"]
+        current.update(ready=0, started=0, processed=0, completed=0)
+        batches["is_last_batch"] = False
+    return True
+
+
+def put_callback_first(trainer: Any, callback: Any) -> None:
+    """Insert ``callback`` at the head of ``trainer.callbacks`` (once), so its batch-end hook runs before any
+    other callback's, ``ModelCheckpoint``'s included, and before the module's.
+
+    ``Trainer.callbacks`` is a public list on 2.4-2.6 and each hook call iterates it afresh, so a callback
+    added while the loaders are built receives every training hook from the first batch on.
+    """
+    if not any(c is callback for c in trainer.callbacks):
+        trainer.callbacks.insert(0, callback)
+
+
+def remove_callback(trainer: Any, callback: Any) -> None:
+    """Take ``callback`` out of ``trainer.callbacks``; safe inside a hook (a new list is bound, the one being
+    iterated is left intact)."""
+    trainer.callbacks = [c for c in trainer.callbacks if c is not callback]
+
+
+def silence_not_resumable_warning() -> Callable[[], None]:
+    """Ignore exactly Lightning's "dataloader is not resumable" warning until the returned function is called."""
+    import re
+    import warnings
+
+    # Matched by its exact text (any category: ``PossibleUserWarning`` lives in different modules in the
+    # ``lightning`` and ``pytorch_lightning`` distributions).
+    warnings.filterwarnings("ignore", message=re.escape(NOT_RESUMABLE_WARNING))
+    entry = warnings.filters[0]
+
+    def restore() -> None:
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
+            mutated = getattr(warnings, "_filters_mutated", None)
+            if callable(mutated):
+                mutated()
+
+    return restore
+
+
+def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
+    """Edit the fit loop's progress in the checkpoint being restored so that it agrees with the loader
+    position ``(epoch, batches)`` the datamodule stored (the consumer's own count).
+
+    Lightning 2.5 and 2.6 (checked on 2.6.6): after a resume from a checkpoint written on an epoch's last
+    batch, the epoch progress keeps ``ready``/``started`` one behind ``processed`` for the rest of that
+    process (``(1, 1, 1, 1)`` all through epoch 1). A checkpoint written later in that process restores
+    wrongly: written mid-epoch or on the next last batch, the trainer takes the epoch for finished and starts
+    a new one, counting one epoch too few; written at an epoch's end (``processed`` ahead of ``started``), it
+    trains a batch of the finished epoch again. The counters are set to what an uninterrupted process writes
+    at the same place (``ready == started == processed + 1`` inside an epoch, ``== processed`` at its end).
+    A checkpoint whose counters are consistent is not changed, and neither is one written after an epoch cut
+    short by ``max_steps`` (there the trainer's ``processed`` is one ahead of the loader's epoch, and a fit
+    with a larger ``max_steps`` continues inside the epoch by itself).
+
+    Raises:
+        PositionMismatchError: the checkpoint's batch count inside the epoch is not the position's, or its
+            loop progress is not where Lightning 2.4-2.6 keep it.
+    """
+    pending = loaded_checkpoint(trainer)
+    if not pending or "loops" not in pending:
+        return
+    try:
+        fit_state = pending["loops"]["fit_loop"]
+        epochs = fit_state["epoch_progress"]
+        batch_progress = fit_state["epoch_loop.batch_progress"]
+        in_batch = batch_progress["current"]
+        processed = int(epochs["current"]["processed"])
+        started = int(epochs["current"]["started"])
+        saved_in_batch_end = in_batch["processed"] == in_batch["completed"] + 1
+        if batches > 0 and epoch == processed and int(in_batch["processed"]) != batches:
+            raise PositionMismatchError(
+                f"the checkpoint's loop state counts {in_batch['processed']} batches done in epoch {epoch}, its "
+                f"loader position {batches}: they were not written by the same step, so where the epoch "
+                "continues is unknown"
+            )
+        inside = batches > 0 and epoch == processed
+        on_last = batches == 0 and epoch == processed + 1 and saved_in_batch_end and batch_progress["is_last_batch"]
+        for part in ("current", "total"):
+            counts = epochs[part]
+            if counts["processed"] > counts["started"]:
+                counts["ready"] = counts["started"] = counts["processed"]
+            elif (inside or on_last) and started == processed and counts["started"] == counts["processed"]:
+                counts["ready"] = counts["started"] = counts["processed"] + 1
+    except (KeyError, TypeError) as err:
+        raise _missing("loop progress in the checkpoint", err) from err

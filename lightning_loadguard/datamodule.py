@@ -15,6 +15,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_loadguard._lightning import (
+    align_with_lightning_restart,
+    put_callback_first,
+    remove_callback,
+    repair_restored_progress,
+    shift_restored_batch_count,
+    silence_not_resumable_warning,
+)
 from lightning_loadguard.position import (
     LoaderPosition,
     PlannedBatchSampler,
@@ -26,147 +34,74 @@ from lightning_loadguard.position import (
     planned_sampler,
     reshard_position,
 )
+from lightning_loadguard.position.cursor import EpochCursor
 
 try:
+    import lightning.pytorch as pl
+    from lightning.pytorch import Callback
+    from lightning.pytorch.utilities import CombinedLoader
     from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 except ImportError:  # pragma: no cover - depends on which distribution is installed
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+    from pytorch_lightning import Callback  # type: ignore[assignment]
+    from pytorch_lightning.utilities import CombinedLoader  # type: ignore[assignment]
     from pytorch_lightning.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 STATE_KEY = "loadguard_loader_position"
 """Key of the position inside the datamodule's checkpoint state."""
 
-_PROGRESS_FIELDS = ("ready", "started", "processed", "completed")
 
+class _ConsumerHooks(Callback):
+    """Reports every finished training batch and every epoch start to the mixin that owns the train loader.
 
-def _consumer_position(trainer: Any) -> tuple[int, int]:
-    """(epoch, batches the training step finished in it), with a finished epoch reported as the next one.
-
-    ``processed`` is the count the trainer restores (on Lightning 2.4 through
-    :func:`_align_with_lightning_restart`); ``completed`` still lags by one inside ``on_train_batch_end``,
-    where ``ModelCheckpoint`` saves.
-
-    A loader without a length has no batch total to compare with; Lightning's fetcher reads one batch ahead
-    of it and sets ``is_last_batch`` when that read found the loader exhausted, so once the flagged batch is
-    processed the epoch is over, as Lightning >= 2.5 (and 2.4 through :func:`_finish_saved_batch`) restores it.
+    Put at the head of the trainer's callbacks, so its ``on_train_batch_end`` has counted the batch before
+    any callback (``ModelCheckpoint``) or the module saves a checkpoint in the same hook.
     """
-    fit_loop = trainer.fit_loop
-    epochs = fit_loop.epoch_progress.current
-    if epochs.processed >= epochs.started:
-        return epochs.processed, 0
-    batches = fit_loop.epoch_loop.batch_progress
-    consumed = batches.current.processed
-    total = trainer.num_training_batches
-    if total != math.inf and consumed >= total:
-        return epochs.processed + 1, 0
-    # Inside the last batch's ``training_step`` it is flagged but not yet processed (``started`` is ahead).
-    if total == math.inf and batches.is_last_batch and consumed > 0 and consumed >= batches.current.started:
-        return epochs.processed + 1, 0
-    return epochs.processed, consumed
+
+    def __init__(self, owner: ResumableLoaderMixin) -> None:
+        self.owner = owner
+
+    def _mine(self, trainer: pl.Trainer) -> bool:
+        return trainer.datamodule is self.owner
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._mine(trainer):
+            self.owner._loadguard_epoch_started()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._mine(trainer):
+            self.owner._loadguard_before_batch(batch_idx)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._mine(trainer):
+            self.owner._loadguard_after_batch(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.owner._loadguard_release()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.owner._loadguard_release()
 
 
-def _shift_restored_batch_count(trainer: Any, delta: int) -> None:
-    """Move the batch count the trainer is about to restore by ``delta`` (a new world size's coordinates).
-
-    The datamodule's state is loaded before the loops', so the loaded checkpoint can still be adjusted; the
-    trainer then counts to the epoch's length exactly when the re-sharded remainder runs out.
-    """
-    if delta == 0:
-        return
-    try:
-        loaded = trainer._checkpoint_connector._loaded_checkpoint
-        current = loaded["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
-        values = {f: int(current[f]) for f in _PROGRESS_FIELDS}
-    except (AttributeError, KeyError, TypeError) as err:
-        raise PositionMismatchError(
-            "cannot continue the epoch with a different world size: the trainer's checkpoint has no "
-            f"batch progress where this Lightning version is expected to keep it ({err!r})"
-        ) from err
-    for name, value in values.items():
-        current[name] = value + delta
-
-
-def _align_with_lightning_restart(trainer: Any) -> int:
-    """Make an older Lightning restore the loops as Lightning >= 2.5 does; return how often it will start
-    iterating the train loader before the first resumed training step.
-
-    Two restart details changed in 2.5, each detected by the attribute that came with it:
-
-    - A checkpoint written in ``on_train_batch_end`` holds ``processed = completed + 1``. Lightning >= 2.5
-      (``restarted_on_train_batch_end``) resumes after that batch, or in the next epoch when it was the
-      epoch's last. Lightning 2.4 sets every batch counter back to ``completed``: it runs one batch more than
-      the epoch has left, which the resumed loader can only fill from the next epoch's order, and it never
-      reaches ``is_last_batch``, so the epoch-end validation is skipped. The counters are moved to what 2.5
-      restores (:func:`_finish_saved_batch`) before the loops reset: in the checkpoint still being restored
-      when the loader is built early (``estimated_stepping_batches`` in ``configure_optimizers``), else in
-      the restored loops.
-    - Resumed at an epoch boundary after epoch 0, Lightning 2.4 iterates the loader in ``setup_data`` and
-      again at the epoch's start, dropping what the first iterator fetched ahead; Lightning >= 2.5
-      (``is_resuming``) keeps the first. A dataset whose state moves as it is read must then start both
-      iterations from the saved state.
-    """
-    fit_loop = trainer.fit_loop
-    epoch_loop = fit_loop.epoch_loop
-    if trainer.ckpt_path is None:
-        return 1
-    pending = trainer._checkpoint_connector._loaded_checkpoint
-    if pending:
-        fit_state = pending.get("loops", {}).get("fit_loop")
-        if fit_state is None:
-            return 1
-    else:
-        fit_state = {
-            "epoch_progress": fit_loop.epoch_progress.state_dict(),
-            "epoch_loop.batch_progress": epoch_loop.batch_progress.state_dict(),
-            "epoch_loop.state_dict": {"_batches_that_stepped": epoch_loop._batches_that_stepped},
-        }
-    edited = not hasattr(epoch_loop, "restarted_on_train_batch_end") and _finish_saved_batch(fit_state, trainer)
-    if edited and not pending:
-        fit_loop.epoch_progress.load_state_dict(fit_state["epoch_progress"])
-        epoch_loop.batch_progress.load_state_dict(fit_state["epoch_loop.batch_progress"])
-        epoch_loop._batches_that_stepped = fit_state["epoch_loop.state_dict"]["_batches_that_stepped"]
-        # The setter decides again from the epoch counters whether an epoch is still unfinished.
-        fit_loop.restarting = True
-    epochs = fit_state["epoch_progress"]["current"]
-    at_epoch_boundary = epochs["ready"] == epochs["started"] == epochs["processed"]
-    if (
-        not hasattr(fit_loop, "is_resuming")
-        and at_epoch_boundary
-        and epochs["processed"] > 0
-        and not fit_loop._iteration_based_training()
-    ):
-        return 2
-    return 1
-
-
-def _finish_saved_batch(fit_state: dict[str, Any], trainer: Any) -> bool:
-    """Edit a fit loop's state (the checkpoint's layout) as if ``on_train_batch_end`` had returned.
-
-    Returns whether anything changed: only a state saved inside ``on_train_batch_end`` is edited.
-    """
-    batches = fit_state["epoch_loop.batch_progress"]
-    current = batches["current"]
-    if current["processed"] != current["completed"] + 1:
-        return False
-    done = current["processed"]
-    last = bool(batches["is_last_batch"])
-    for part in ("current", "total"):
-        batches[part]["completed"] = batches[part]["processed"]
-    # The batch stepped the optimizer unless it accumulated; Lightning counts it in ``on_advance_end``.
-    stepped = done % trainer.accumulate_grad_batches == 0 or (
-        last and not trainer.strategy.handles_gradient_accumulation
-    )
-    loop_state = fit_state.setdefault("epoch_loop.state_dict", {})
-    if stepped and "_batches_that_stepped" in loop_state:
-        loop_state["_batches_that_stepped"] += 1
-    if last:
-        # Restore into the next epoch as an epoch-end checkpoint does: the finished epoch's end hooks and
-        # validation are not run again, as on Lightning >= 2.5.
-        for part in ("current", "total"):
-            epochs = fit_state["epoch_progress"][part]
-            epochs["processed"] = epochs["completed"] = epochs["started"]
-        current.update(ready=0, started=0, processed=0, completed=0)
-        batches["is_last_batch"] = False
-    return True
+def _several_loaders(loader: object) -> str | None:
+    """A description of ``loader`` when it combines several loaders (Lightning's CombinedLoader)."""
+    if isinstance(loader, CombinedLoader):
+        return f"a CombinedLoader of {len(loader.flattened)}"
+    if isinstance(loader, dict):
+        return f"a dict of {len(loader)} ({', '.join(map(repr, loader))})"
+    if isinstance(loader, (list, tuple)):
+        return f"a {type(loader).__name__} of {len(loader)}"
+    return None
 
 
 class ResumableLoaderMixin:
@@ -237,7 +172,7 @@ class ResumableLoaderMixin:
             rank_zero_warn(message)
 
     def _loadguard_position(self, loader: DataLoader, trainer: Any) -> LoaderPosition:
-        epoch, consumed = _consumer_position(trainer)
+        epoch, consumed = self.__dict__["_loadguard_cursor"].position
         order = planned_sampler(loader)
         if isinstance(order, PlannedSampler):
             return order.position(epoch, consumed)
@@ -251,8 +186,12 @@ class ResumableLoaderMixin:
                 dataset_len=len(loader.dataset),  # type: ignore[arg-type]
             )
         assert isinstance(order, StatefulIterableTap)
-        # A finished epoch is stored as the next one's start: the dataset's state after its end.
-        dataset_state = order.state_at(consumed) if consumed else order.final_state
+        # At an epoch's start the state is the one the dataset reached at the previous epoch's end (it may
+        # have moved itself to its next epoch there), or the new iteration's first boundary.
+        if consumed == 0 and order.final_state is not None:
+            dataset_state = order.final_state
+        else:
+            dataset_state = order.state_at(consumed) if consumed or order.recorded(0) else None
         return LoaderPosition(
             epoch=epoch,
             batches_consumed=consumed,
@@ -280,6 +219,8 @@ class ResumableLoaderMixin:
             return rest
         position = LoaderPosition.from_state_dict(raw)
         trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            repair_restored_progress(trainer, position.epoch, position.batches_consumed)
         if trainer is not None and position.world_size != trainer.world_size:
             if trainer.limit_train_batches not in (None, 1.0):
                 raise PositionMismatchError(
@@ -289,7 +230,7 @@ class ResumableLoaderMixin:
                     "not the ones the new run would leave out"
                 )
             moved = reshard_position(position, trainer.world_size)
-            _shift_restored_batch_count(trainer, moved.batches_consumed - position.batches_consumed)
+            shift_restored_batch_count(trainer, moved.batches_consumed - position.batches_consumed)
             position = moved
         self.__dict__["_loadguard_loaded"] = position
         return rest
@@ -315,11 +256,38 @@ class ResumableLoaderMixin:
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return loader
+        several = _several_loaders(loader)
+        if several is not None:
+            raise ValueError(
+                f"train_dataloader() returned several loaders ({several}): ResumableLoaderMixin resumes one "
+                "DataLoader exactly and cannot continue loaders that Lightning combines (it cycles the shorter "
+                "ones) at the same place. Return one DataLoader (for example over a ConcatDataset with a "
+                "sampler that mixes the tasks), or remove ResumableLoaderMixin to train without exact resume"
+            )
         if not isinstance(loader, DataLoader):
             self._loadguard_warn_once(
                 "type",
                 f"train_dataloader() returned a {type(loader).__qualname__}, not a DataLoader: "
                 "ResumableLoaderMixin cannot store its position and a resumed epoch will not be exact",
+            )
+            return loader
+        if is_stateful(loader):
+            # The loader keeps its own position (torchdata's StatefulDataLoader, litdata's StreamingDataLoader);
+            # Lightning stores and restores it. Replacing its sampler would position it twice.
+            self._loadguard_warn_once(
+                "stateful",
+                f"{type(loader).__qualname__} has its own state_dict()/load_state_dict(): ResumableLoaderMixin "
+                "leaves its position to that state, which Lightning saves in every checkpoint (see "
+                "docs/resume.md for the cases that state resumes exactly)",
+            )
+            return loader
+        if type(loader) is not DataLoader:
+            self._loadguard_warn_once(
+                "subclass",
+                f"train_dataloader() returned a {type(loader).__qualname__} (a DataLoader subclass): "
+                "ResumableLoaderMixin cannot rebuild it with a resumable order (its own arguments cannot be "
+                "read back), so it is used as is and a resumed epoch will not be exact. Return a plain "
+                "DataLoader, or give the subclass state_dict()/load_state_dict()",
             )
             return loader
         if isinstance(loader.dataset, IterableDataset) and not is_stateful(loader.dataset):
@@ -331,11 +299,12 @@ class ResumableLoaderMixin:
                 "dataset",
             )
             return loader
-        iterations = _align_with_lightning_restart(trainer)
+        iterations = align_with_lightning_restart(trainer)
         loaded = self.__dict__.pop("_loadguard_loaded", None)
         seed = self._loadguard_seed_for(trainer, loaded)
         made = make_resumable(loader, seed=seed, rank=trainer.global_rank, world_size=trainer.world_size)
         order = planned_sampler(made)
+        cursor = self._loadguard_cursor_for(trainer, loaded)
         if loaded is not None:
             if isinstance(order, PlannedSampler):
                 order.resume(loaded)
@@ -345,9 +314,11 @@ class ResumableLoaderMixin:
                         f"dataset length changed: the position was taken over {loaded.dataset_len} samples, "
                         f"the dataset now has {len(made.dataset)}"  # type: ignore[arg-type]
                     )
-                order.start_at(loaded.epoch, loaded.batches_consumed)
             elif loaded.dataset_state is not None:
                 order.resume(loaded.dataset_state, loaded.batches_consumed, iterations=iterations)
+            if loaded.batches_consumed > 0 and "_loadguard_restore_warnings" not in self.__dict__:
+                # The mixin guarantees this mid-epoch resume; Lightning's warning that it is unreliable is not.
+                self.__dict__["_loadguard_restore_warnings"] = silence_not_resumable_warning()
         elif trainer.ckpt_path and not self.__dict__.get("_loadguard_state_seen"):
             self._loadguard_warn_once(
                 "missing",
@@ -355,10 +326,70 @@ class ResumableLoaderMixin:
                 f"ResumableLoaderMixin or by an older run): epoch {trainer.current_epoch} restarts from its "
                 "first batch, and the trainer still counts the batches it had finished in it",
             )
-            if isinstance(order, (PlannedSampler, PlannedBatchSampler)):
-                order.set_epoch(trainer.current_epoch)
+            # The trainer's batch index starts past 0 in that epoch: nothing to check it against until the next.
+            self.__dict__["_loadguard_unchecked"] = True
+        if isinstance(order, (PlannedSampler, PlannedBatchSampler)):
+            order.cursor = cursor
         self.__dict__["_loadguard_loader"] = made
+        hooks = self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self))
+        put_callback_first(trainer, hooks)
         return made
+
+    def _loadguard_cursor_for(self, trainer: Any, loaded: LoaderPosition | None) -> EpochCursor:
+        """The cursor of this fit: a loaded position starts it; a loader rebuilt during the fit keeps it."""
+        cursor: EpochCursor | None = self.__dict__.get("_loadguard_cursor")
+        if loaded is not None:
+            cursor = EpochCursor(loaded.epoch, loaded.batches_consumed)
+        elif cursor is None or self.__dict__.get("_loadguard_cursor_trainer") is not trainer:
+            cursor = EpochCursor(trainer.current_epoch, 0)
+        self.__dict__["_loadguard_cursor"] = cursor
+        self.__dict__["_loadguard_cursor_trainer"] = trainer
+        return cursor
+
+    def _loadguard_epoch_started(self) -> None:
+        if (cursor := self.__dict__.get("_loadguard_cursor")) is not None:
+            if self.__dict__.pop("_loadguard_unchecked", False):
+                cursor.batches = 0
+            cursor.epoch_started()
+
+    def _loadguard_before_batch(self, batch_idx: int) -> None:
+        self._loadguard_release_warnings()
+        cursor = self.__dict__.get("_loadguard_cursor")
+        if cursor is None:
+            return
+        if self.__dict__.get("_loadguard_unchecked"):
+            cursor.batches = batch_idx
+            return
+        loader = self.__dict__.get("_loadguard_loader")
+        if loader is not None and isinstance(planned_sampler(loader), StatefulIterableTap):
+            # An unsized loader's epoch ends when it runs out, not at a batch count: the trainer's index may
+            # run on from the previous epoch (Lightning 2.5+ after a checkpoint on the last batch) unharmed.
+            return
+        cursor.check_next(batch_idx)
+
+    def _loadguard_after_batch(self, trainer: Any) -> None:
+        cursor = self.__dict__.get("_loadguard_cursor")
+        loader = self.__dict__.get("_loadguard_loader")
+        if cursor is None or loader is None:
+            return
+        total: float = trainer.num_training_batches
+        order = planned_sampler(loader)
+        if isinstance(order, StatefulIterableTap):
+            # An unsized loader's epoch is over when its iteration ran out and every batch it made was trained.
+            total = order.final_batches if order.final_batches is not None else math.inf
+        cursor.consumed(total)
+
+    def _loadguard_release_warnings(self) -> None:
+        restore = self.__dict__.pop("_loadguard_restore_warnings", None)
+        if restore is not None:
+            restore()
+
+    def _loadguard_release(self) -> None:
+        self._loadguard_release_warnings()
+        hooks = self.__dict__.get("_loadguard_hooks")
+        trainer = getattr(self, "trainer", None)
+        if hooks is not None and trainer is not None:
+            remove_callback(trainer, hooks)
 
 
 def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -72,3 +72,49 @@ class StatefulStream(Stream):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.pos, self.epoch = state["pos"], state["epoch"]
+
+
+class NumpyGlobalShuffle(Sampler[int]):
+    """A custom sampler drawing from numpy's global generator (which ``seed_everything`` seeds)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        import numpy as np
+
+        return iter(np.random.permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class NumpyOwnShuffle(Sampler[int]):
+    """A custom sampler with its own numpy generator, made once and advanced by every epoch's draw."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        import numpy as np
+
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rng.permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class UnseededShuffle(Sampler[int]):
+    """A custom sampler whose order cannot be reproduced: a fresh, unseeded numpy generator each epoch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        import numpy as np
+
+        return iter(np.random.default_rng().permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n

@@ -17,14 +17,21 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from loader_fixtures import Alternating, PyShuffle, StatefulStream, Stream
+from loader_fixtures import (
+    Alternating,
+    NumpyGlobalShuffle,
+    NumpyOwnShuffle,
+    PyShuffle,
+    StatefulStream,
+    Stream,
+    UnseededShuffle,
+)
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_loadguard.datamodule import ResumableLoaderMixin
 
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
 
 
 class Indexed(Dataset):
@@ -69,6 +76,16 @@ class Data(ResumableLoaderMixin, pl.LightningDataModule):
             return DataLoader(ds, batch_size=b, sampler=sampler, drop_last=drop_last, **extra)
         if kind == "batch_sampler":
             return DataLoader(ds, batch_sampler=Alternating(PyShuffle(n), 1, False), **extra)
+        numpy_samplers = {"numpy_global": NumpyGlobalShuffle, "numpy_own": NumpyOwnShuffle, "unseeded": UnseededShuffle}
+        if kind in numpy_samplers:
+            return DataLoader(ds, batch_size=b, sampler=numpy_samplers[kind](n), drop_last=drop_last, **extra)
+        if kind == "stateful_loader":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
+        if kind in ("dict", "list"):
+            loaders = [DataLoader(ds, batch_size=b, shuffle=True), DataLoader(Indexed(n // 2), batch_size=b)]
+            return dict(zip("ab", loaders, strict=True)) if kind == "dict" else loaders
         raise ValueError(f"unknown sampler kind {kind!r}")
 
 
@@ -149,6 +166,7 @@ def run(
         )
     trainer = pl.Trainer(
         max_epochs=case.get("epochs", 2),
+        max_steps=case.get("max_steps", -1),
         accelerator="cpu",
         devices=case.get("devices", 1),
         strategy=case.get("strategy", "auto"),

@@ -60,6 +60,7 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         self.keep = keep
         self._pending: tuple[Any, int, int] | None = None
         self._final: Any = None
+        self._final_batches: int | None = None
         self._snapshots: OrderedDict[int, Any] = OrderedDict()
 
     def resume(self, dataset_state: Any, batches_consumed: int = 0, iterations: int = 1) -> None:
@@ -80,6 +81,10 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         self._snapshots[batches] = copy.deepcopy(self.dataset.state_dict())
         while len(self._snapshots) > self.keep:
             self._snapshots.popitem(last=False)
+
+    def recorded(self, batches_consumed: int) -> bool:
+        """Whether :meth:`state_at` knows the state after ``batches_consumed`` batches."""
+        return batches_consumed in self._snapshots
 
     def state_at(self, batches_consumed: int) -> Any:
         """The dataset's state right after ``batches_consumed`` batches of the current iteration.
@@ -105,6 +110,11 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         """
         return self._final
 
+    @property
+    def final_batches(self) -> int | None:
+        """Batches the last iteration made in all, counted from the epoch's start (``None`` while it runs)."""
+        return self._final_batches
+
     def __iter__(self) -> Iterator[Any]:
         produced = 0
         if self._pending is not None:
@@ -112,6 +122,7 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
             self.dataset.load_state_dict(copy.deepcopy(state))
             self._pending = (state, produced, left - 1) if left > 1 else None
         self._final = None
+        self._final_batches = None
         self._snapshots.clear()
         self._record(produced)
         in_batch = 0
@@ -130,3 +141,4 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         # that earlier state would replay an exhausted iteration instead of starting the next one.
         self._record(produced)
         self._final = self._snapshots[produced]
+        self._final_batches = produced

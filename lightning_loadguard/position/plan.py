@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -33,14 +34,68 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed + epoch) % _SEED_MODULUS
 
 
+def _random_states(obj: object) -> list[Any]:
+    """Random generators ``obj`` holds as attributes (its own, and those of a wrapped ``sampler``)."""
+    found: dict[int, Any] = {}
+    holders = [obj]
+    inner = getattr(obj, "sampler", None)
+    if inner is not None and inner is not obj:
+        holders.append(inner)
+    for holder in holders:
+        for value in getattr(holder, "__dict__", {}).values():
+            if isinstance(value, (torch.Generator, random.Random)) or _is_numpy_random(value):
+                found[id(value)] = value
+    return list(found.values())
+
+
+def _is_numpy_random(value: object) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, (np.random.Generator, np.random.RandomState))
+
+
+def _save_state(gen: Any) -> Any:
+    if isinstance(gen, torch.Generator):
+        return gen.get_state()
+    if isinstance(gen, random.Random):
+        return gen.getstate()
+    if hasattr(gen, "bit_generator"):  # numpy Generator
+        return gen.bit_generator.state
+    return gen.get_state()  # numpy RandomState
+
+
+def _seed(gen: Any, derived: int) -> None:
+    if isinstance(gen, torch.Generator):
+        gen.manual_seed(derived)
+    elif isinstance(gen, random.Random):
+        gen.seed(derived)
+    elif hasattr(gen, "bit_generator"):
+        gen.bit_generator.state = type(gen.bit_generator)(derived).state
+    else:
+        gen.seed(derived % 2**32)
+
+
+def _restore_state(gen: Any, state: Any) -> None:
+    if isinstance(gen, torch.Generator):
+        gen.set_state(state)
+    elif isinstance(gen, random.Random):
+        gen.setstate(state)
+    elif hasattr(gen, "bit_generator"):
+        gen.bit_generator.state = state
+    else:
+        gen.set_state(state)
+
+
 def seeded_iteration(source: Iterable[T], seed: int, epoch: int) -> list[T]:
     """Iterate ``source`` once with every random state it may draw from fixed by ``(seed, epoch)``.
 
     Samplers draw their randomness from torch's global generator (``RandomSampler`` without a generator),
-    from their own ``generator`` attribute, or from Python's ``random``. All three are seeded from
+    Python's ``random``, numpy's global ``np.random`` (which ``seed_everything`` seeds), or a generator they
+    hold as an attribute (a ``torch.Generator``, ``random.Random``, ``np.random.Generator`` or
+    ``RandomState``, on the sampler or on the ``sampler`` it wraps). All of them are seeded from
     ``epoch_seed(seed, epoch)`` for the duration of the iteration and restored afterwards, so the caller's
-    random streams are untouched and the same ``(seed, epoch)`` yields the same list in any process.
-    ``set_epoch(epoch)`` is called first when the source has it (``DistributedSampler``).
+    random streams (and a sampler's own generator) are untouched and the same ``(seed, epoch)`` yields the
+    same list in any process. ``set_epoch(epoch)`` is called first when the source has it
+    (``DistributedSampler``). A source drawing from anything else is caught by :func:`reproducible_iteration`.
 
     Example:
         >>> from torch.utils.data import RandomSampler
@@ -52,20 +107,67 @@ def seeded_iteration(source: Iterable[T], seed: int, epoch: int) -> list[T]:
     if callable(set_epoch):
         set_epoch(epoch)
     derived = epoch_seed(seed, epoch)
-    own = getattr(source, "generator", None)
-    own_state = own.get_state() if isinstance(own, torch.Generator) else None
+    owned = _random_states(source)
+    saved = [_save_state(gen) for gen in owned]
     py_state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived)
         random.seed(derived)
-        if isinstance(own, torch.Generator):
-            own.manual_seed(derived)
+        if np is not None:
+            np.random.seed(derived % 2**32)
+        for gen in owned:
+            _seed(gen, derived)
         try:
             return list(source)
         finally:
             random.setstate(py_state)
-            if isinstance(own, torch.Generator) and own_state is not None:
-                own.set_state(own_state)
+            if np is not None:
+                np.random.set_state(np_state)
+            for gen, state in zip(owned, saved, strict=True):
+                _restore_state(gen, state)
+
+
+class NonReproducibleOrderError(ValueError):
+    """A sampler's order for one ``(seed, epoch)`` changes from one iteration to the next."""
+
+
+def reproducible_iteration(source: Iterable[T], seed: int, epoch: int) -> list[T]:
+    """:func:`seeded_iteration`, drawn twice: the order, proven to be a function of ``(seed, epoch)``.
+
+    Raises:
+        NonReproducibleOrderError: the two draws differ, so the order depends on something that is not
+            seeded (an unseeded generator made inside ``__iter__``, a nested generator, a counter the
+            sampler advances itself, the clock); a resumed epoch could not continue it.
+
+    Example:
+        >>> import itertools
+        >>> class Counter:
+        ...     def __init__(self): self.calls = itertools.count()
+        ...     def __iter__(self): return iter([next(self.calls), 9])
+        >>> reproducible_iteration(Counter(), seed=0, epoch=0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_loadguard.position.plan.NonReproducibleOrderError: Counter gave two different orders ...
+    """
+    first = seeded_iteration(source, seed, epoch)
+    again = seeded_iteration(source, seed, epoch)
+    if first != again:
+        if len(first) == len(again):
+            at = next(i for i, (a, b) in enumerate(zip(first, again, strict=True)) if a != b)
+            where = f"they differ at position {at}"
+        else:
+            where = f"lengths {len(first)} and {len(again)}"
+        raise NonReproducibleOrderError(
+            f"{type(source).__qualname__} gave two different orders for the same seed and epoch ({where}): "
+            "its randomness comes from something ResumableLoaderMixin cannot seed, so a resumed epoch would "
+            "not continue the interrupted one. Fix: draw from torch's or Python's global generator, from "
+            "numpy's np.random, or from a generator kept as an attribute of the sampler (torch.Generator, "
+            "random.Random, np.random.Generator or RandomState), or derive the order from the epoch given to "
+            "set_epoch()"
+        )
+    return first
 
 
 def pad_to_world(order: Sequence[T], world_size: int, drop_tail: bool) -> list[T]:

@@ -11,9 +11,11 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from torch.utils.data import DistributedSampler, Sampler
 
+from lightning_loadguard.position.cursor import EpochCursor
 from lightning_loadguard.position.plan import (
     batch_count,
     consumed_prefix,
+    reproducible_iteration,
     reshard_batches,
     seeded_iteration,
     shard,
@@ -101,8 +103,10 @@ class PlannedSampler(DistributedSampler):  # type: ignore[type-arg]
         self.epoch = 0
         self.num_samples = shard_len(dataset_len, world_size, drop_tail)
         self.total_size = self.num_samples * world_size
+        self.cursor: EpochCursor | None = None
         self._start: LoaderPosition | None = None
         self._cache: tuple[int, list[int]] | None = None
+        self._proven = False
 
     @property
     def world_size(self) -> int:
@@ -156,7 +160,11 @@ class PlannedSampler(DistributedSampler):  # type: ignore[type-arg]
     def global_order(self, epoch: int) -> list[int]:
         """The whole epoch's index order before sharding (cached for the last epoch asked)."""
         if self._cache is None or self._cache[0] != epoch:
-            order = [int(i) for i in seeded_iteration(self.source, self.seed, epoch)]
+            # The first order a sampler makes is drawn twice: a source that cannot be seeded is refused
+            # before the first batch instead of resuming into another order.
+            draw = seeded_iteration if self._proven else reproducible_iteration
+            order = [int(i) for i in draw(self.source, self.seed, epoch)]
+            self._proven = True
             bad = next((i for i in order if not 0 <= i < self.dataset_len), None)
             if bad is not None:
                 raise PositionMismatchError(
@@ -198,6 +206,12 @@ class PlannedSampler(DistributedSampler):  # type: ignore[type-arg]
         return batch_count(self.num_samples, self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
+        if self.cursor is not None:
+            # The cursor, not the loop's set_epoch(), says which epoch is played and from where.
+            self.epoch, batches = self.cursor.position
+            base = self._start if self._start is not None and self._start.epoch == self.epoch else None
+            origin, origin_batches = (base.epoch_origin, base.origin_batches) if base else (0, 0)
+            return iter(self.layout(self.epoch, origin)[(batches - origin_batches) * self.batch_size :])
         start, self._start = self._start, None
         if start is not None and start.epoch == self.epoch:
             # Keep the layout's origin for position() until the epoch changes.
@@ -245,8 +259,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.epoch = 0
         self.sampler = _EpochRelay(self)
+        self.cursor: EpochCursor | None = None
         self._skip: tuple[int, int] | None = None
         self._cache: tuple[int, list[list[int]]] | None = None
+        self._proven = False
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration plays."""
@@ -264,13 +280,18 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def batches(self, epoch: int) -> list[list[int]]:
         """The whole epoch's batches (cached for the last epoch asked)."""
         if self._cache is None or self._cache[0] != epoch:
-            self._cache = (epoch, [list(b) for b in seeded_iteration(self.source, self.seed, epoch)])
+            draw = seeded_iteration if self._proven else reproducible_iteration
+            self._cache = (epoch, [list(b) for b in draw(self.source, self.seed, epoch)])
+            self._proven = True
         return self._cache[1]
 
     def samples_in(self, epoch: int, batches_consumed: int) -> int:
         return sum(len(b) for b in self.batches(epoch)[:batches_consumed])
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.cursor is not None:
+            self.epoch, batches = self.cursor.position
+            return iter(self.batches(self.epoch)[batches:])
         skip, self._skip = self._skip, None
         offset = skip[1] if skip is not None and skip[0] == self.epoch else 0
         return iter(self.batches(self.epoch)[offset:])
