@@ -168,6 +168,17 @@ def loaded_checkpoint(trainer: Any) -> dict[str, Any] | None:
         raise _missing("checkpoint being restored", err) from err
 
 
+def batches_done_in_epoch(trainer: Any) -> int:
+    """Batches the trainer counts as done in its current epoch (restored from a checkpoint when resuming).
+
+    ``fit_loop.epoch_loop.batch_progress.current.processed``: 2.4-2.6. Missing: ``PositionMismatchError``.
+    """
+    try:
+        return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+    except AttributeError as err:
+        raise _missing("batch progress", err) from err
+
+
 def shift_restored_batch_count(trainer: Any, delta: int) -> None:
     """Move the batch count the trainer is about to restore by ``delta`` (a new world size's coordinates).
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard._lightning import (
     align_with_lightning_restart,
+    batches_done_in_epoch,
     put_callback_first,
     remove_callback,
     repair_restored_progress,
@@ -35,6 +36,7 @@ from lightning_loadguard.position import (
     reshard_position,
 )
 from lightning_loadguard.position.cursor import EpochCursor
+from lightning_loadguard.position.loader import rebuildable
 
 try:
     import lightning.pytorch as pl
@@ -271,17 +273,9 @@ class ResumableLoaderMixin:
                 "ResumableLoaderMixin cannot store its position and a resumed epoch will not be exact",
             )
             return loader
-        if is_stateful(loader):
-            # The loader keeps its own position (torchdata's StatefulDataLoader, litdata's StreamingDataLoader);
-            # Lightning stores and restores it. Replacing its sampler would position it twice.
-            self._loadguard_warn_once(
-                "stateful",
-                f"{type(loader).__qualname__} has its own state_dict()/load_state_dict(): ResumableLoaderMixin "
-                "leaves its position to that state, which Lightning saves in every checkpoint (see "
-                "docs/resume.md for the cases that state resumes exactly)",
-            )
-            return loader
-        if type(loader) is not DataLoader:
+        if is_stateful(loader) and not rebuildable(loader):
+            return self._loadguard_keep_stateful(loader, trainer)
+        if not rebuildable(loader):
             self._loadguard_warn_once(
                 "subclass",
                 f"train_dataloader() returned a {type(loader).__qualname__} (a DataLoader subclass): "
@@ -334,6 +328,34 @@ class ResumableLoaderMixin:
         hooks = self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self))
         put_callback_first(trainer, hooks)
         return made
+
+    def _loadguard_keep_stateful(self, loader: DataLoader, trainer: Any) -> DataLoader:
+        """Leave a loader that keeps its own position (litdata's StreamingDataLoader, torchdata's
+        StatefulDataLoader over an iterable dataset) to that state, which Lightning saves in every checkpoint.
+        Replacing its sampler would position it twice, and its workers' dataset state is out of the mixin's
+        reach.
+
+        Raises:
+            PositionMismatchError: resuming mid-epoch without a length: Lightning reads such a loader one
+                batch ahead of the training step, and the state it saves counts that batch as consumed.
+        """
+        try:
+            sized = len(loader) >= 0
+        except TypeError:
+            sized = False
+        if not sized and trainer.ckpt_path and batches_done_in_epoch(trainer) > 0:
+            raise PositionMismatchError(
+                f"cannot resume {type(loader).__qualname__} mid-epoch exactly: it has no length, so Lightning "
+                "fetches one batch ahead of the training step and the loader state in the checkpoint already "
+                "counts that batch, which the resumed run would skip. Give the dataset a __len__, resume from a "
+                "checkpoint written at an epoch's end, or remove ResumableLoaderMixin to accept the skip"
+            )
+        self._loadguard_warn_once(
+            "stateful",
+            f"{type(loader).__qualname__} keeps its own position (state_dict()/load_state_dict()): "
+            "ResumableLoaderMixin leaves resuming to that state, which Lightning saves in every checkpoint",
+        )
+        return loader
 
     def _loadguard_cursor_for(self, trainer: Any, loaded: LoaderPosition | None) -> EpochCursor:
         """The cursor of this fit: a loaded position starts it; a loader rebuilt during the fit keeps it."""

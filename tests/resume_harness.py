@@ -47,6 +47,13 @@ class Indexed(Dataset):
         return i, torch.tensor([float(i)])
 
 
+class GeneratorLoader(DataLoader):
+    """A DataLoader subclass whose ``__iter__`` is a generator (as some of Lightning's own tests write)."""
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+
+
 class Data(ResumableLoaderMixin, pl.LightningDataModule):
     def __init__(self, case: dict[str, Any]) -> None:
         super().__init__()
@@ -83,6 +90,8 @@ class Data(ResumableLoaderMixin, pl.LightningDataModule):
             from torchdata.stateful_dataloader import StatefulDataLoader
 
             return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
+        if kind == "subclass":
+            return GeneratorLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
         if kind in ("dict", "list"):
             loaders = [DataLoader(ds, batch_size=b, shuffle=True), DataLoader(Indexed(n // 2), batch_size=b)]
             return dict(zip("ab", loaders, strict=True)) if kind == "dict" else loaders

@@ -26,12 +26,35 @@ _CARRIED = (
 )
 
 
+_STATEFUL_DATALOADER = ("torchdata.stateful_dataloader", "StatefulDataLoader")
+
+
+def rebuildable(loader: object) -> bool:
+    """Whether :func:`make_resumable` can rebuild ``loader`` without losing an argument.
+
+    A plain ``DataLoader``, and torchdata's ``StatefulDataLoader`` over a map-style dataset: its only extra
+    argument (``snapshot_every_n_steps``) and its own state concern the position, which the rebuilt loader
+    keeps by its order instead.
+    """
+    if type(loader) is DataLoader:
+        return True
+    cls = type(loader)
+    return (
+        cls.__module__.startswith(_STATEFUL_DATALOADER[0])
+        and cls.__name__ == _STATEFUL_DATALOADER[1]
+        and isinstance(loader, DataLoader)
+        and not isinstance(loader.dataset, IterableDataset)
+    )
+
+
 def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
     """An equivalent ``DataLoader`` whose order is a function of ``(seed, epoch)`` and which can start mid-epoch.
 
-    The dataset, batch size, ``drop_last``, collate function and worker settings are kept. The sampler
-    becomes a :class:`PlannedSampler` (sharded over ``world_size`` ranks like ``DistributedSampler``); a
-    custom batch sampler becomes a :class:`PlannedBatchSampler`; a stateful iterable dataset is wrapped in a
+    ``loader`` may be a plain ``DataLoader`` or torchdata's ``StatefulDataLoader`` over a map-style dataset
+    (see :func:`rebuildable`); the result is always a plain ``DataLoader``. The dataset, batch size,
+    ``drop_last``, collate function and worker settings are kept. The sampler becomes a
+    :class:`PlannedSampler` (sharded over ``world_size`` ranks like ``DistributedSampler``); a custom batch
+    sampler becomes a :class:`PlannedBatchSampler`; a stateful iterable dataset is wrapped in a
     :class:`StatefulIterableTap`.
 
     Raises:
@@ -49,10 +72,11 @@ def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: 
         >>> [b.tolist() for b in loader] == full[1:]
         True
     """
-    if type(loader) is not DataLoader:
+    if not rebuildable(loader):
         raise TypeError(
-            f"loader must be a torch.utils.data.DataLoader, got {type(loader).__qualname__}: a subclass may "
-            "take arguments that cannot be read back to rebuild it"
+            f"loader must be a torch.utils.data.DataLoader (or torchdata's StatefulDataLoader over a map-style "
+            f"dataset), got {type(loader).__qualname__}: a subclass may take arguments that cannot be read back "
+            "to rebuild it"
         )
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
