@@ -115,14 +115,22 @@ class ResumableLoaderMixin:
     size and the world size. On resume the loader starts right after the last finished batch; the consumed
     part is skipped in the index order, never loaded.
 
-    Handled: map-style datasets with the default, a custom or a ``DistributedSampler`` (sharded by the mixin,
-    so Lightning does not inject its own), custom batch samplers on one process, any ``num_workers`` (it may
-    change between runs), persistent workers, ``limit_train_batches``, ``estimated_stepping_batches``, a
-    different world size on resume (the rest of the epoch is re-sharded), and iterable datasets with
-    ``state_dict()/load_state_dict()`` read with ``num_workers=0`` on one process.
-    Refused with an error: a changed dataset length, batch size or ``drop_last``; a state of another
-    version; a custom batch sampler on several ranks; a world-size change combined with
-    ``limit_train_batches``. An iterable dataset without state gets one warning and resumes from its start.
+    The position is the mixin's own count of batches whose training step finished (a callback it puts
+    first in ``trainer.callbacks``), checked against Lightning's batch index before every step; Lightning's
+    epoch counters, which go wrong after some resumes, are repaired in the checkpoint being restored instead
+    of trusted.
+
+    Handled: map-style datasets with the default, a custom (torch, Python or numpy randomness) or a
+    ``DistributedSampler`` (sharded by the mixin, so Lightning does not inject its own), custom batch
+    samplers on one process, torchdata's ``StatefulDataLoader`` over a map-style dataset, any
+    ``num_workers`` (it may change between runs), persistent workers, ``limit_train_batches``,
+    ``accumulate_grad_batches``, ``val_check_interval``, ``estimated_stepping_batches``, several crashes in a
+    row, a larger ``max_steps`` after a fit that ended mid-epoch, a different world size on resume (the rest
+    of the epoch is re-sharded), and iterable datasets with ``state_dict()/load_state_dict()`` read with
+    ``num_workers=0`` on one process. Loaders that keep their own state over an iterable dataset are left to
+    it. Refused with an error: a changed dataset length, batch size or ``drop_last``; a state of another
+    version; a sampler whose order cannot be reproduced; several train loaders; a custom batch sampler on
+    several ranks; a world-size change combined with ``limit_train_batches``. docs/resume.md has the table.
 
     Attributes:
         loader_seed: Base seed of the epoch orders. ``None`` takes ``PL_GLOBAL_SEED`` (set by

@@ -68,6 +68,10 @@ class Data(ResumableLoaderMixin, pl.LightningDataModule):
         extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
         if kind == "stateful_iterable":
             return DataLoader(StatefulStream(n), batch_size=b, **extra)
+        if kind == "stateful_iterable_loader":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
         if kind == "plain_iterable":
             return DataLoader(Stream(n), batch_size=b, **extra)
         ds = Indexed(n)

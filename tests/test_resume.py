@@ -279,3 +279,60 @@ def test_works_with_the_pytorch_lightning_package(tmp_path: Path) -> None:
 
     path = str(tmp_path / "ptl.ckpt")
     assert fit(stop=path) + fit(ckpt=path) == fit()
+
+
+def test_a_sampler_whose_order_cannot_be_reproduced_is_refused_before_training() -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": "unseeded"}
+    # NonReproducibleOrderError, a ValueError.
+    with pytest.raises(ValueError, match=r"UnseededShuffle gave two different orders.*Fix: draw"):
+        run(case)
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+def test_several_train_loaders_are_refused_at_fit_start(kind: str) -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": kind}
+    with pytest.raises(ValueError, match=r"returned several loaders \(a (dict|list) of 2.*Return one DataLoader"):
+        run(case)
+
+
+def _not_resumable_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "dataloader is not resumable" in str(w.message)]
+
+
+@pytest.mark.parametrize("sampler", ["default", "subclass"])
+def test_lightning_not_resumable_warning_only_when_the_order_is_not_guaranteed(sampler: str, tmp_path: Path) -> None:
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7, "sampler": sampler}
+    ckpt = str(tmp_path / "w.ckpt")
+    run(dict(case, stop_kind="step", stop_at=7), ckpt_out=ckpt)
+    filters_before = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(case, ckpt_in=ckpt)
+        assert warnings.filters[1:] == filters_before, "the silencing filter must not outlive the resume"
+    if sampler == "default":
+        assert _not_resumable_warnings(caught) == []
+    else:
+        # A DataLoader subclass (its __iter__ a generator) trains as is, with both warnings.
+        assert len(_not_resumable_warnings(caught)) == 1
+        assert any("GeneratorLoader (a DataLoader subclass)" in str(w.message) for w in caught)
+
+
+def test_stateful_loader_without_length_is_refused_mid_epoch(tmp_path: Path) -> None:
+    pytest.importorskip("torchdata")
+    case = {"n": 22, "batch_size": 4, "epochs": 2, "sampler": "stateful_iterable_loader"}
+    ckpt = str(tmp_path / "s.ckpt")
+    before, _, _ = run(dict(case, stop_kind="step", stop_at=2), ckpt_out=ckpt)
+    assert len(before.seen) == 8
+    with pytest.raises(PositionMismatchError, match=r"fetches one batch ahead.*Give the dataset a __len__"):
+        run(case, ckpt_in=ckpt)
+
+
+def test_fit_without_larger_max_steps_from_a_truncated_epoch_is_refused(tmp_path: Path) -> None:
+    # max_steps=7 ends the fit after 2 of epoch 1's 5 batches. Without a larger max_steps Lightning would
+    # start epoch 2 and drop the other 3: the mixin stops before the first step instead.
+    case = {"n": 20, "batch_size": 4, "epochs": 3, "seed": 7}
+    ckpt = str(tmp_path / "t.ckpt")
+    _, _, trainer = run(dict(case, max_steps=7))
+    trainer.save_checkpoint(ckpt)
+    with pytest.raises(PositionMismatchError, match=r"2 batches into epoch 1, but the trainer starts a new epoch"):
+        run(case, ckpt_in=ckpt)
