@@ -124,12 +124,15 @@ def _check(
     for i, point in enumerate([*points, None]):
         path = str(tmp / f"crash{i}.ckpt")
         model = Crasher(case, done_before=done, crash_at=point, where=where, path=path)
+        crashed = False
         try:
             _fit(case, loop, model, ckpt)
         except _Crash:
-            ckpt = path
+            ckpt, crashed = path, True
         seen += model.seen
         done = model.batches
+        if not crashed:  # no validation came after the crash point: the run finished
+            break
     assert seen == full.seen
 
 
@@ -175,6 +178,17 @@ LAYOUT = {
     epochs=3,
     crashes=[(0, "last"), (1, "last"), (2, 0.4)],
     where="batch_end",
+)
+@example(
+    n=5,
+    batch_size=1,
+    drop_last=False,
+    limit=None,
+    accumulate=1,
+    val_every=3,
+    epochs=1,
+    crashes=[(0, "last")],
+    where="validation_end",
 )
 @example(
     n=17,
