@@ -164,6 +164,7 @@ def test_combine_ranks_takes_the_worst_rank_and_sums_per_host() -> None:
     def row(wait: float, host: float, nbytes: float) -> list[float]:
         values = dict.fromkeys(FIELDS, 1.0)
         values.update(wait_fraction=wait, host_key=host, inflight_bytes=nbytes, gpu_util=float("nan"))
+        values.update((name, float("nan")) for name in FIELDS if name.startswith("device_"))  # a CPU run
         return [values[name] for name in FIELDS]
 
     out = combine_ranks([row(0.1, 1, 2e6), row(0.7, 1, 2e6), row(0.2, 2, 1e6)], this_rank=0)

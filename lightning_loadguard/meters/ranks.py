@@ -57,11 +57,22 @@ def combine_ranks(rows: Sequence[Sequence[float]], this_rank: int = 0) -> RankSu
         >>> out = combine_ranks([fast, slow])
         >>> out.worst_rank, out.metrics["loadguard/wait_fraction"], out.metrics["loadguard/inflight_host_mb"]
         (1, 0.5, 2.0)
+
+        On accelerators the ranks are compared by the device's idle for data: rank 0's device idles more,
+        although its host waits less (rank 1's host waits while its device still has work queued).
+
+        >>> fast[9:11], slow[9:11] = [0.3, 0.3], [0.02, 0.02]
+        >>> out = combine_ranks([fast, slow])
+        >>> out.worst_rank, out.rank_wait_fractions
+        (0, (0.3, 0.02))
     """
     if not rows:
         raise ValueError("`rows` must hold at least one rank's figures.")
     index = {name: i for i, name in enumerate(FIELDS)}
-    waits = [row[index["wait_fraction"]] for row in rows]
+    # On accelerators the data wait that costs is the device's idle for data; the host's wait may overlap
+    # queued work. Every rank must have the device figure, or the ranks are compared on the host's clock.
+    device = [row[index["device_data_idle_fraction"]] for row in rows]
+    waits = device if not any(math.isnan(v) for v in device) else [row[index["wait_fraction"]] for row in rows]
     finite = [(w, r) for r, w in enumerate(waits) if not math.isnan(w)]
     worst = max(finite)[1] if finite else 0
     metrics: dict[str, float] = {}
