@@ -1,30 +1,43 @@
 """Auto-tuned loader settings against the defaults, Lightning's suggestion and an exhaustive grid.
 
-For each synthetic pipeline (known per-sample cost, known step time) this script
+For each pipeline this script
 
 1. trains epoch 0 with ``LoadGuard(auto_tune=True)`` starting from ``num_workers=0`` and reads the decision
    and the probe cost;
-2. measures the steady-state throughput (steps/s after a warm-up, over a fixed number of steps, the step
-   emulated by sleeping ``step_s`` like an accelerator step) of: the tuned setting, ``num_workers=0``,
-   Lightning's suggestion ``cpu_count // processes_per_host - 1`` with the default prefetch, and every point
-   of a grid over ``num_workers`` and ``prefetch_factor``; all in the same run, the same way.
+2. measures the steady-state throughput (steps/s after a warm-up, over a fixed number of steps, in a plain
+   loop doing the same step as the module) of: the tuned setting, ``num_workers=0``, Lightning's suggestion
+   ``cpu_count // processes_per_host - 1`` with the default prefetch, and every point of a grid over
+   ``num_workers`` and ``prefetch_factor``; in alternating rounds (every setting once per round, the order
+   rotated), each setting's figure being its median over the rounds.
+
+The pipelines: synthetic ones with known per-sample costs whose step waits like an accelerator step
+(I/O-bound, CPU-bound transforms, bursty, compute-bound, and 16 ms of CPU work per batch against a 10 ms
+step); one whose step computes on the CPU with torch's intra-op threads (an MLP), competing with the workers
+for the cores; and JPEG files decoded and augmented with PIL feeding a small CNN trained on the CPU.
 
 Usage::
 
-    python benchmarks/tune_pipelines.py            # the table in docs/tuning.md
-    python benchmarks/tune_pipelines.py --quick    # fewer steps and grid points
+    python benchmarks/tune_pipelines.py                     # the table in docs/tuning.md
+    python benchmarks/tune_pipelines.py --quick             # fewer steps, rounds and grid points
+    python benchmarks/tune_pipelines.py --only jpeg_cnn     # some pipelines
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
@@ -32,52 +45,88 @@ from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, time
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 
-# The pipelines with known timings and their expected figures live beside the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
+from workloads import CpuModule, CpuStep, JpegDataset, make_jpegs
+
+Key = tuple[int, int | None]
 
 
 @dataclass(frozen=True)
 class Pipeline:
+    """A dataset and a step: ``step_s`` of waiting (an accelerator step), or ``cpu_step`` computed on the CPU."""
+
     name: str
-    sample_s: float
-    step_s: float
-    spin: bool = False
-    burst_every: int = 0
-    burst_s: float = 0.0
+    make_dataset: Callable[[int], Dataset]
     batch_size: int = 4
+    step_s: float = 0.0
+    cpu_step: dict[str, Any] | None = None  # CpuStep arguments: the step computes with torch's threads
 
-    def dataset(self, length: int) -> TimedDataset:
-        return TimedDataset(
-            length, sample_s=self.sample_s, spin=self.spin, burst_every=self.burst_every, burst_s=self.burst_s
-        )
+    def module(self) -> pl.LightningModule:
+        if self.cpu_step is not None:
+            return CpuModule(**self.cpu_step)
+        return TimedModule(step_s=self.step_s, record=False)
+
+    def consumer(self) -> Callable[[Any], None]:
+        if self.cpu_step is not None:
+            return CpuStep(**self.cpu_step)
+        return lambda batch: _busy(self.step_s, spin=False)
 
 
-PIPELINES = [
-    Pipeline("io_bound", sample_s=0.004, step_s=0.005),
-    Pipeline("cpu_transforms", sample_s=0.002, step_s=0.006, spin=True),
-    Pipeline("bursty", sample_s=0.0005, step_s=0.008, burst_every=29, burst_s=0.06),
-    Pipeline("compute_bound", sample_s=0.0002, step_s=0.010),
-]
+def _timed(sample_s: float, spin: bool = False, burst_every: int = 0, burst_s: float = 0.0, features: int = 16):
+    def make(length: int) -> Dataset:
+        return TimedDataset(length, sample_s, features=features, burst_every=burst_every, burst_s=burst_s, spin=spin)
+
+    return make
 
 
-def steady_rate(pipeline: Pipeline, workers: int, prefetch: int | None, steps: int, warmup: int) -> float:
-    """Steps/s of a loop that takes ``step_s`` per batch, after ``warmup`` steps (workers started, buffer settled)."""
-    loader = timed_loader(
-        pipeline.dataset((steps + warmup) * pipeline.batch_size),
+def pipelines(jpeg_dir: Path) -> list[Pipeline]:
+    paths: list[Path] = []
+
+    def jpegs(length: int) -> Dataset:
+        if not paths:
+            paths.extend(make_jpegs(jpeg_dir, 64))
+        return JpegDataset(paths, length)
+
+    return [
+        Pipeline("io_bound", _timed(0.004), step_s=0.005),
+        Pipeline("cpu_transforms", _timed(0.002, spin=True), step_s=0.006),
+        Pipeline("bursty", _timed(0.0005, burst_every=29, burst_s=0.06), step_s=0.008),
+        Pipeline("compute_bound", _timed(0.0002), step_s=0.010),
+        # 16 ms of CPU work per batch in the workers, a 10 ms step that waits as it would on an accelerator.
+        Pipeline("cpu_16ms_step_waits", _timed(0.004, spin=True), step_s=0.010),
+        # The step is an MLP trained on the CPU with torch's intra-op threads: workers compete for its cores.
+        Pipeline(
+            "cpu_transforms_torch_step",
+            _timed(0.002, spin=True, features=256),
+            batch_size=8,
+            cpu_step={"kind": "mlp", "features": 256, "hidden": 512},
+        ),
+        # JPEGs decoded and augmented with PIL, batch 32, a small CNN trained on the CPU.
+        Pipeline("jpeg_cnn", jpegs, batch_size=32, cpu_step={"kind": "cnn"}),
+    ]
+
+
+def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) -> DataLoader:
+    return timed_loader(
+        pipeline.make_dataset(length * pipeline.batch_size),
         batch_size=pipeline.batch_size,
         num_workers=workers,
         prefetch_factor=prefetch,
         shuffle=True,
     )
-    iterator = iter(loader)
+
+
+def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
+    """Steps/s of a plain loop doing the pipeline's step, after ``warmup`` steps (workers started, buffer settled)."""
+    step = pipeline.consumer()
+    iterator = iter(loader(pipeline, steps + warmup, *key))
     for _ in range(warmup):
-        next(iterator)
-        _busy(pipeline.step_s, spin=False)
+        step(next(iterator))
     start = time.perf_counter()
     for _ in range(steps):
-        next(iterator)
-        _busy(pipeline.step_s, spin=False)
+        step(next(iterator))
     rate = steps / (time.perf_counter() - start)
     del iterator
     return rate
@@ -85,64 +134,89 @@ def steady_rate(pipeline: Pipeline, workers: int, prefetch: int | None, steps: i
 
 def tune(pipeline: Pipeline, epoch_steps: int) -> TuneDecision | None:
     pl.seed_everything(0, verbose=False)
-    loader = timed_loader(
-        pipeline.dataset(epoch_steps * pipeline.batch_size), batch_size=pipeline.batch_size, shuffle=True
-    )
     guard = LoadGuard(print_summary=False, auto_tune=TuneOptions())
     trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
-    trainer.fit(TimedModule(step_s=pipeline.step_s, record=False), loader)
+    trainer.fit(pipeline.module(), loader(pipeline, epoch_steps, 0, None))
     return guard.decision
 
 
-def label(workers: int, prefetch: int | None) -> str:
+def label(key: Key) -> str:
+    workers, prefetch = key
     return "w=0" if workers == 0 else f"w={workers} p={prefetch or 2}"
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and grid points")
+    parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and grid points")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating measurement rounds (default 3, quick 1)")
+    parser.add_argument("--only", nargs="*", default=None, help="pipeline names to run (default: all)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    steps, warmup, epoch_steps = (60, 10, 300) if args.quick else (200, 20, 600)
-    workers_grid = [0, 1, 2, 4] if args.quick else [0, 1, 2, 3, 4, 6]
-    prefetch_grid = [1, 2, 4]
-    cores = os.cpu_count() or 1
+    steps, warmup, epoch_steps = (60, 10, 300) if args.quick else (150, 20, 600)
+    rounds = args.rounds or (1 if args.quick else 3)
+    workers_grid = [0, 1, 2, 3, 4] if args.quick else [0, 1, 2, 3, 4, 6]
+    prefetch_grid = [2, 4] if args.quick else [1, 2, 4]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     suggestion = max(1, cores // 1 - 1)  # Lightning's hint: cpu_count // processes_per_host - 1
     rows = []
-    for pipeline in PIPELINES:
-        decision = tune(pipeline, epoch_steps)
-        grid = {}
-        for workers, prefetch in product(workers_grid, prefetch_grid):
-            key = (workers, prefetch if workers else None)
-            if key not in grid:
-                grid[key] = steady_rate(pipeline, *key, steps=steps, warmup=warmup)
-        zero = grid[(0, None)]
-        lightning = grid.get((suggestion, 2)) or steady_rate(pipeline, suggestion, 2, steps, warmup)
-        best_key = max(grid, key=grid.__getitem__)
-        if decision is None:
-            tuned_key, tuned = (0, None), zero
-        else:
-            tuned_key = (decision.num_workers, decision.prefetch_factor)
-            tuned = steady_rate(pipeline, *tuned_key, steps=steps, warmup=warmup)
-        rows.append((pipeline.name, zero, lightning, best_key, grid[best_key], tuned_key, tuned, decision))
-        print(f"{pipeline.name}: done", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [p for p in pipelines(Path(tmp)) if args.only is None or p.name in args.only]
+        loads = [_load()]
+        for pipeline in chosen:
+            decision = tune(pipeline, epoch_steps)
+            tuned_key: Key = (decision.num_workers, decision.prefetch_factor) if decision else (0, None)
+            keys: list[Key] = sorted({(w, p if w else None) for w, p in product(workers_grid, prefetch_grid)}, key=str)
+            keys += [k for k in [(suggestion, 2), tuned_key] if k not in keys]
+            runs: dict[Key, list[float]] = {k: [] for k in keys}
+            ratios = []
+            for r in range(rounds):
+                order = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotated: no setting always runs first
+                this_round = {k: steady_rate(pipeline, k, steps, warmup) for k in order}
+                for k, v in this_round.items():
+                    runs[k].append(v)
+                grid_best = max(v for k, v in this_round.items() if k[0] in workers_grid)
+                ratios.append(this_round[tuned_key] / grid_best)
+            rate = {k: statistics.median(v) for k, v in runs.items()}
+            best_key = max((k for k in keys if k != (suggestion, 2) or k[0] in workers_grid), key=rate.__getitem__)
+            rows.append((pipeline.name, rate, best_key, tuned_key, ratios, decision))
+            loads.append(_load())
+            print(f"{pipeline.name}: done (load {loads[-1]})", flush=True)
 
     print()
-    print(f"host: {cores} cores, 1 training process; steps/s over {steps} steps after {warmup} of warm-up")
+    print(
+        f"host: {cores} cores, 1 training process; steps/s over {steps} steps after {warmup} of warm-up, "
+        f"median of {rounds} alternating round(s); load average (1, 5, 15 min) seen: {', '.join(loads)}"
+    )
     header = (
         f"| pipeline | w=0 | Lightning (w={suggestion}, p=2) | grid best | tuned | tuned / grid best "
-        "| verdict | probe steps / budget | probe cost |"
+        "| per round | verdict | probe steps / budget | probe cost |"
     )
     print(header)
-    print("|---" * 9 + "|")
-    for name, zero, lightning, best_key, best, tuned_key, tuned, decision in rows:
+    print("|---" * 10 + "|")
+    worst = 1.0
+    for name, rate, best_key, tuned_key, ratios, decision in rows:
         probe = f"{decision.probe_steps} / {decision.probe_budget_steps}" if decision else "-"
         cost = f"{decision.probe_cost_s:.2f} s" if decision else "-"
         verdict = decision.verdict if decision else "not tuned"
+        ratio = rate[tuned_key] / rate[best_key]
+        worst = min(worst, ratio)
         print(
-            f"| {name} | {zero:.1f} | {lightning:.1f} | {best:.1f} ({label(*best_key)}) "
-            f"| {tuned:.1f} ({label(*tuned_key)}) | {tuned / best:.2f} | {verdict} | {probe} | {cost} |"
+            f"| {name} | {rate[(0, None)]:.1f} | {rate[(suggestion, 2)]:.1f} "
+            f"| {rate[best_key]:.1f} ({label(best_key)}) "
+            f"| {rate[tuned_key]:.1f} ({label(tuned_key)}) | {ratio:.2f} | {' '.join(f'{x:.2f}' for x in ratios)} "
+            f"| {verdict} | {probe} | {cost} |"
         )
+    print(f"\nworst tuned / grid best: {worst:.2f} (goal >= 0.95)")
+    for name, *_, decision in rows:
+        if decision is not None:
+            print(f"\n{name}:\n{decision.table()}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,147 @@
+"""Workloads the benchmarks share: JPEG decoding with PIL, and training steps that compute on the CPU.
+
+- :func:`make_jpegs` writes JPEG files made locally with PIL (no download).
+- :class:`JpegDataset` decodes them with PIL and augments (random crop, flip, resize), as an image
+  pipeline's workers do.
+- :class:`CpuStep` is a training step that computes on the CPU with torch's intra-op threads (a small CNN
+  for images, an MLP for feature vectors); :class:`CpuModule` runs the same step inside Lightning, so a
+  plain loop and a ``Trainer`` do the same work per batch.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from lightning_loadguard._lightning import pl
+
+IMAGE_SIZE = 160
+CROP = 128
+OUT = 64
+
+
+def make_jpegs(directory: Path, count: int, size: int = IMAGE_SIZE, seed: int = 0) -> list[Path]:
+    """``count`` JPEG files of ``size`` x ``size`` pixels: smooth colour fields with noise, quality 90."""
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    paths = []
+    for i in range(count):
+        base = torch.rand(3, 8, 8, generator=generator)
+        field = torch.nn.functional.interpolate(base[None], size=(size, size), mode="bilinear")[0]
+        noisy = (field + 0.15 * torch.rand(3, size, size, generator=generator)).clamp(0, 1)
+        pixels = (noisy.permute(1, 2, 0) * 255).to(torch.uint8).numpy()
+        path = directory / f"img_{i:05d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+class JpegDataset(Dataset):
+    """Decodes a JPEG with PIL and augments it: random crop, horizontal flip, resize, to a float tensor.
+
+    The augmentation draws from a generator seeded by the index, so a sample is the same whatever process
+    (or worker count) makes it.
+    """
+
+    def __init__(self, paths: list[Path], length: int) -> None:
+        self.paths = [str(p) for p in paths]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rng = random.Random(index)
+        with Image.open(self.paths[index % len(self.paths)]) as image:
+            image = image.convert("RGB")
+            left, top = rng.randrange(image.width - CROP + 1), rng.randrange(image.height - CROP + 1)
+            image = image.crop((left, top, left + CROP, top + CROP))
+            if rng.random() < 0.5:
+                image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            image = image.resize((OUT, OUT), Image.Resampling.BILINEAR)
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        x = pixels.view(OUT, OUT, 3).permute(2, 0, 1).float().div_(255.0).sub_(0.5)
+        return torch.tensor(index), x, torch.tensor(index % 10)
+
+
+def _cnn() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 10),
+    )
+
+
+def _mlp(features: int, hidden: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(features, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    )
+
+
+class CpuStep:
+    """One training step on the CPU (forward, backward, SGD), with torch's intra-op threads.
+
+    Args:
+        kind: ``"cnn"`` for ``(index, image, label)`` batches, ``"mlp"`` for ``(index, features)`` ones.
+        features: input size of the MLP; hidden: its width (sets the step's cost).
+    """
+
+    def __init__(self, kind: str, features: int = 16, hidden: int = 1024) -> None:
+        torch.manual_seed(0)
+        self.kind = kind
+        self.model = _cnn() if kind == "cnn" else _mlp(features, hidden)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        if self.kind == "cnn":
+            _, x, y = batch
+            return torch.nn.functional.cross_entropy(self.model(x), y)
+        _, x = batch
+        return self.model(x).pow(2).mean()
+
+    def __call__(self, batch: Any) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss(batch).backward()
+        self.optimizer.step()
+
+
+class CpuModule(pl.LightningModule):
+    """:class:`CpuStep`'s model and loss inside Lightning (Lightning runs backward and the optimizer)."""
+
+    def __init__(self, kind: str, features: int = 16, hidden: int = 1024) -> None:
+        super().__init__()
+        self.step = CpuStep(kind, features, hidden)
+        self.model = self.step.model
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.step.loss(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+
+def time_step(step: CpuStep, batch: Any, repeats: int = 5) -> float:
+    """Median CPU seconds (all threads) of ``step`` on ``batch``, after one warm-up call: immune to other load."""
+    step(batch)
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        step(batch)
+        times.append(time.process_time() - start)
+    return sorted(times)[len(times) // 2]
