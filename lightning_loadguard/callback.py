@@ -17,6 +17,7 @@ from lightning_loadguard import _lightning as _pl
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceTimeline, cuda_events
 from lightning_loadguard.meters.host import batch_nbytes, host_facts, host_key
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
@@ -125,6 +126,8 @@ class LoadGuard(_pl.Callback):
         self._measure_batch = True
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
+        self._cpu = CpuSampler()
+        self._cpu_use: CpuUse | None = None
         self._said: set[str] = set()
         self._switched_off: set[str] = set()
         self._host_key = float(host_key())
@@ -252,6 +255,8 @@ class LoadGuard(_pl.Callback):
             # Without the pre-iterator hook the first iterator already exists: the next one is measured.
             self._on_loaders_ready(_pl.train_loaders(trainer))
         self._guarded("adding the TensorBoard dashboard", self._add_dashboard, trainer)
+        # The host's CPU is read once per logged window, from here on.
+        self._guarded("measuring the host's CPU use", self._cpu.sample)
 
     def _add_dashboard(self, trainer: Any) -> None:
         if trainer.global_rank != 0:
@@ -352,6 +357,8 @@ class LoadGuard(_pl.Callback):
         levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
         facts = host_facts(self._processes_on_host)
         device = self._device_records()
+        cpu = self._guarded("measuring the host's CPU use", self._cpu.sample)
+        self._cpu_use = cpu or self._cpu_use
         return WindowSnapshot(
             wait_s=tuple(r.wait_s for r in records),
             step_s=tuple(r.step_s for r in records),
@@ -371,6 +378,8 @@ class LoadGuard(_pl.Callback):
             device_data_idle_s=tuple(r.data_idle_s for r in device),
             device_loop_idle_s=tuple(r.loop_idle_s for r in device),
             device_copy_s=tuple(r.copy_s for r in device),
+            cpu=self._cpu_use,
+            accelerator=trainer.strategy.root_device.type != "cpu",
         )
 
     def _device_window(self, steps: int) -> tuple[list[float], list[float]] | None:

@@ -109,7 +109,7 @@ def test_sampler_counts_a_child_processes_cpu_time_as_the_workers_including_afte
     sampler = CpuSampler()
     sampler.sample()
     child = subprocess.run([sys.executable, "-c", _SPIN, "0.3"], capture_output=True, text=True, check=True)
-    use = sampler.sample()
+    use = sampler.sample(min_window_s=0.0)
     assert use is not None
     child_cpu = float(child.stdout.split()[-1])  # the child's own clock, which includes interpreter start-up
     # /proc accounts in clock ticks (10 ms); interpreter start-up is in both figures.
@@ -125,7 +125,7 @@ def test_sampler_counts_the_processes_own_threads_by_an_independent_clock() -> N
     while time.process_time() < end:
         pass
     spent = time.process_time() - start
-    use = sampler.sample()
+    use = sampler.sample(min_window_s=0.0)
     assert use is not None
     assert use.loop_cores * use.window_s == pytest.approx(spent, abs=0.03)
     assert use.worker_cores * use.window_s < 0.02
@@ -143,7 +143,7 @@ def test_sampler_sees_a_process_that_is_not_ours_as_other_work(tmp_path: Path) -
     deadline = time.monotonic() + 30
     while (not out.exists() or not out.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    use = sampler.sample()
+    use = sampler.sample(min_window_s=0.0)
     assert use is not None and use.busy_cores is not None
     spinner_cpu = float(out.read_text().split()[-1])
     # Everything else on the host adds to "other": the spinner is a lower bound (less tick rounding).
@@ -155,3 +155,11 @@ def test_sampler_first_call_starts_the_window() -> None:
     sampler = CpuSampler()
     assert sampler.sample() is None
     assert os.cpu_count()
+
+
+def test_a_window_shorter_than_the_minimum_goes_on_rather_than_misread() -> None:
+    sampler = CpuSampler()
+    sampler.sample()
+    assert sampler.sample(min_window_s=60.0) is None  # too short: no figure, the window is kept
+    use = sampler.sample(min_window_s=0.0)
+    assert use is not None and use.window_s > 0

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import psutil
 
+MIN_WINDOW_S = 0.5
+"""Shortest window a sample covers: the kernel counts CPU time in clock ticks (10 ms), so a shorter window
+would misread by more than a few percent of a core."""
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
 
@@ -216,7 +220,7 @@ class CpuSampler:
         >>> sampler.sample() is None  # the first call only starts the window
         True
         >>> _ = sum(i * i for i in range(100_000))
-        >>> use = sampler.sample()
+        >>> use = sampler.sample(min_window_s=0.0)
         >>> use is not None and use.loop_cores >= 0
         True
     """
@@ -239,18 +243,20 @@ class CpuSampler:
             workers += child_times.user + child_times.system
         return time.monotonic(), own, workers, _busy_seconds(self._cpus)
 
-    def sample(self) -> CpuUse | None:
-        """The cores used since the previous call, or ``None`` on the first call (or if unreadable)."""
+    def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
+        """The cores used since the previous sample, or ``None`` on the first call, when fewer than
+        ``min_window_s`` seconds have passed (the window goes on), or when ``/proc`` cannot be read."""
         try:
             now = self._read()
         except (psutil.Error, OSError):
             return None
-        last, self._last = self._last, now
+        last = self._last
+        if last is not None and now[0] - last[0] < min_window_s:
+            return None
+        self._last = now
         if last is None:
             return None
         seconds = now[0] - last[0]
-        if seconds <= 0:
-            return None
         busy = None if now[3] is None or last[3] is None else max(0.0, now[3] - last[3]) / seconds
         return CpuUse(
             window_s=seconds,

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field, replace
 from statistics import fmean
 
+from lightning_loadguard.meters.cpu import CpuUse
+
 
 @dataclass(frozen=True)
 class LoaderSettings:
@@ -82,6 +84,9 @@ class WindowSnapshot:
         device_loop_idle_s: per device step, the device idle from the previous step's end to the fetch
             (callbacks, logging, synchronising calls).
         device_copy_s: per device step, the copy of the batch to the device as the device ran it.
+        cpu: cores used over the window by the training process, its workers and other work, and the cores
+            this process may use (``None`` where unmeasured).
+        accelerator: whether the step runs on an accelerator (where a fix may move work to it).
     """
 
     wait_s: tuple[float, ...]
@@ -104,6 +109,8 @@ class WindowSnapshot:
     device_data_idle_s: tuple[float, ...] = ()
     device_loop_idle_s: tuple[float, ...] = ()
     device_copy_s: tuple[float, ...] = ()
+    cpu: CpuUse | None = None
+    accelerator: bool = False
 
     @property
     def on_device(self) -> bool:
@@ -216,6 +223,16 @@ class WindowSnapshot:
         if not sampled or busy <= 0:
             return None
         return min(1.0, sum(c for _, c in sampled) / busy)
+
+    @property
+    def batch_cpu_s(self) -> float | None:
+        """CPU seconds making one batch takes (the sampled batches' CPU share of their busy time, times the mean
+        busy time), or ``None`` where unmeasured."""
+        pairs = [(b, c) for b, c in zip(self.production_s, self.production_cpu_s, strict=False) if c == c]
+        busy = sum(b for b, _ in pairs)
+        if not pairs or busy <= 0:
+            return None
+        return sum(c for _, c in pairs) / busy * fmean(self.production_s)
 
     @property
     def inflight_bytes(self) -> int | None:

@@ -28,6 +28,9 @@ class CoreCheck:
         available_cores: cores this process may use, less what other work used.
         other_cores: what other work on the host used (other processes and other ranks).
         sustainable_rate: steps/s the available cores carry at the measured CPU per step and per batch.
+        busy_now: cores everything used over the window (``None``: unknown); a host already this busy gives
+            a new worker no core of its own, whatever the projection says (threads starved of cores use less
+            CPU per step than they would take).
     """
 
     needed_cores: float
@@ -36,14 +39,24 @@ class CoreCheck:
     available_cores: float
     other_cores: float
     sustainable_rate: float
+    busy_now: float | None = None
+
+    @property
+    def saturated(self) -> bool:
+        return self.busy_now is not None and self.busy_now >= HEADROOM * (self.available_cores + self.other_cores)
 
     @property
     def fits(self) -> bool:
-        return self.needed_cores <= HEADROOM * self.available_cores
+        return not self.saturated and self.needed_cores <= HEADROOM * self.available_cores
 
     def sentence(self, rate: float) -> str:
         """The cores in words: what the fix needs and what there is."""
         others = f", other work {self.other_cores:.1f}" if self.other_cores >= 0.05 else ""
+        if self.saturated and self.busy_now is not None:
+            return (
+                f"the cores this process may use are busy already ({self.busy_now:.1f} of "
+                f"{self.available_cores + self.other_cores:.1f} used over the window{others})"
+            )
         return (
             f"at {rate:.3g} steps/s the step's own threads need about {self.loop_cores:.1f} cores and the workers "
             f"{self.worker_cores:.1f}, {self.needed_cores:.1f} in all, where {self.available_cores:.1f} are "
@@ -59,6 +72,7 @@ def check_cores(
     usable_cores: float,
     other_cores: float,
     processes_on_host: int = 1,
+    busy_now: float | None = None,
 ) -> CoreCheck:
     """The cores a loop running at ``target_rate`` needs, against what the host has left.
 
@@ -71,6 +85,7 @@ def check_cores(
             host when ``processes_on_host`` is 1).
         processes_on_host: training processes on the host that apply the same fix at once (their use
             counted here, not in ``other_cores``).
+        busy_now: cores used over the window by everything (this process, its workers, other work).
 
     Example:
         A step that computes on both cores of a 2-core host at 30 steps/s (66 ms of CPU per step) and 30 ms of
@@ -97,4 +112,4 @@ def check_cores(
     available = max(0.0, usable_cores - other_cores)
     per_step = (step_cpu_s + batch_cpu_s) * processes
     sustainable = HEADROOM * available / per_step if per_step > 0 else math.inf
-    return CoreCheck(loop + workers, loop, workers, available, other_cores, sustainable)
+    return CoreCheck(loop + workers, loop, workers, available, other_cores, sustainable, busy_now)

@@ -16,8 +16,9 @@ from statistics import fmean, median
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model import capacity as cap
 from lightning_loadguard.model.buffer import steady_state_wait
+from lightning_loadguard.model.contention import CoreCheck, check_cores
 from lightning_loadguard.model.drain import DrainAlarm, drain_from_levels, drain_from_rates
-from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Evidence, Finding
+from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Evidence, Finding, _plural
 
 __all__ = [
     "EPOCH_START_SHARE",
@@ -206,9 +207,68 @@ def _rates(facts: _Facts) -> Evidence:
         evidence["clock"] = "device"
     if facts.capacity is not None:
         evidence["producer_rate"] = facts.capacity
-        evidence["headroom"] = facts.capacity / facts.consumer_rate
+        if facts.workers > 0:
+            # Without workers the batch is made between steps, never beside them: no headroom to speak of.
+            evidence["headroom"] = facts.capacity / facts.consumer_rate
         evidence["capacity_source"] = facts.capacity_source
+    cpu = facts.snap.cpu
+    if cpu is not None:
+        evidence |= {
+            "usable_cores": cpu.usable_cores,
+            "loop_cores": cpu.loop_cores,
+            "worker_cores": cpu.worker_cores,
+            "other_cores": cpu.other_cores,
+        }
     return evidence
+
+
+def _core_check(facts: _Facts) -> CoreCheck | None:
+    """The cores the loop and its workers would need at the step's own rate, or ``None`` where unmeasured."""
+    snap, cpu = facts.snap, facts.snap.cpu
+    batch_cpu = snap.batch_cpu_s
+    if cpu is None or batch_cpu is None or snap.throughput <= 0 or not math.isfinite(facts.consumer_rate):
+        return None
+    # The loop's CPU per step; without workers it holds the batch making, which a worker would take over.
+    loop_per_step = cpu.loop_cores / snap.throughput
+    step_cpu = max(0.0, loop_per_step - (batch_cpu if facts.workers == 0 else 0.0))
+    processes = max(1, snap.host.processes_on_host)
+    # What keeps cores from this process: other work on its CPUs, or its quota. Other ranks of the host are
+    # assumed to use what this one does (they apply the same fix), so they are counted as ours, not others'.
+    used = cpu.usable_cores - cpu.spare_cores
+    others = max(0.0, used - cpu.training_cores * processes)
+    return check_cores(
+        target_rate=facts.consumer_rate,
+        step_cpu_s=step_cpu,
+        batch_cpu_s=batch_cpu,
+        usable_cores=cpu.usable_cores,
+        other_cores=others,
+        processes_on_host=processes,
+        busy_now=None if cpu.busy_cores is None else used,
+    )
+
+
+def _more_workers_certain(facts: _Facts) -> tuple[bool, str]:
+    """Whether more workers are a fix LoadGuard stands behind here, and if not, the sentence saying why."""
+    check = _core_check(facts)
+    if check is None:
+        return False, (
+            " The host's CPU use was not measured, so whether the cores carry more workers is a prediction: "
+            "LoadGuard(auto_tune=True) measures it."
+        )
+    if check.fits:
+        return True, ""
+    if check.sustainable_rate <= facts.snap.throughput * 1.02:
+        return False, (
+            f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}; "
+            f"the cores carry about {check.sustainable_rate:.3g} steps/s, no more than the "
+            f"{facts.snap.throughput:.3g} measured now, so more workers may well make the step slower. "
+            "LoadGuard(auto_tune=True) measures it and keeps your settings unless a candidate is faster."
+        )
+    return False, (
+        f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}. "
+        "Fewer workers may be the most this host gives; LoadGuard(auto_tune=True) measures each count and keeps "
+        "the fastest."
+    )
 
 
 def _worker_time(facts: _Facts) -> float:
@@ -245,20 +305,25 @@ def _deficit(facts: _Facts) -> Finding | None:
         "cores_per_process": host.cores_per_process,
     }
     fits_memory = _fits_memory(facts, needed * facts.prefetch)
+    workers = needed if needed <= budget and fits_memory else min(needed, budget)
+    certain, caveat = _more_workers_certain(facts)
     if needed <= budget and fits_memory:
         fix = f"num_workers={needed} (now {facts.workers})."
     else:
         limits = []
         if needed > budget:
-            limits.append(f"{host.cores_per_process:.3g} cores per training process allow {budget} workers"
-                          + _cpu_share_note(facts.snap.cpu_share))
+            limits.append(
+                f"{host.cores_per_process:.3g} cores per training process allow {_plural(budget, 'worker')}"
+                + _cpu_share_note(facts.snap.cpu_share)
+            )
         if not fits_memory:
             limits.append(f"{needed * facts.prefetch} batches in flight per process exceed the memory budget")
         fix = (
             f"This host cannot give the {needed} workers needed ({'; '.join(limits)}). Use num_workers="
-            f"{min(needed, budget)} and make each batch cheaper: lighter transforms, cache decoded samples, "
-            "move augmentation to the accelerator, or run fewer training processes per host."
+            f"{workers} and make each batch cheaper: lighter transforms, cache decoded samples, "
+            f"{_move_work(facts)}, or run fewer training processes per host."
         )
+    fix += caveat
     if facts.workers > 0:
         lag = 1.0 / facts.capacity - facts.mean_step_s if facts.capacity else 0.0
         evidence["deficit_per_batch_s"] = lag
@@ -267,8 +332,18 @@ def _deficit(facts: _Facts) -> Finding | None:
             f"to "
             f"{lag * 1e3:.3g} ms per batch however deep the buffer; prefetch only postpones it."
         )
-    summary = f"Producer deficit: {why}; {needed} workers would keep up."
-    return Finding("producer_deficit", min(1.0, severity), evidence, fix, summary)
+    summary = f"Producer deficit: {why}; {_plural(needed, 'worker')} would keep up."
+    recommended = {"num_workers": workers} if workers != facts.workers else {}
+    return Finding(
+        "producer_deficit", min(1.0, severity), evidence, fix, summary, recommended, certain and bool(recommended)
+    )
+
+
+def _move_work(facts: _Facts) -> str:
+    """Where augmentation can go instead of the loader, on this machine."""
+    if facts.snap.accelerator:
+        return "move augmentation to the accelerator"
+    return "do cheap augmentation on whole batches in the training step (vectorised) rather than per sample"
 
 
 def _bursty(facts: _Facts) -> Finding | None:
@@ -286,6 +361,8 @@ def _bursty(facts: _Facts) -> Finding | None:
         "expected_wait_s": advice.expected_wait_s,
         "expected_wait_fraction": advice.expected_wait_fraction,
     }
+    recommended: dict[str, int] = {}
+    certain = True
     if advice.prefetch_factor <= facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
         # The replay says the current depth absorbs the measured production: the stalls come from elsewhere.
         fix = (
@@ -295,6 +372,7 @@ def _bursty(facts: _Facts) -> Finding | None:
             "workers, or a resource the workers share (storage, network, a lock)."
         )
     elif advice.prefetch_factor > facts.prefetch and advice.expected_wait_fraction < WAIT_OK:
+        recommended = {"prefetch_factor": advice.prefetch_factor}
         fix = (
             f"prefetch_factor={advice.prefetch_factor} (now {facts.prefetch}; {advice.batches_in_flight} "
             f"batches in flight): replaying the measured times expects {advice.expected_wait_s * 1e3:.3g} ms "
@@ -309,17 +387,25 @@ def _bursty(facts: _Facts) -> Finding | None:
             )
         else:
             evidence["workers_for_bursts"], extra = workers[0], workers[1]
+            recommended = {"num_workers": workers[0], "prefetch_factor": extra.prefetch_factor}
             fix = (
                 f"num_workers={workers[0]} with prefetch_factor={extra.prefetch_factor}: depth alone leaves "
                 f"{advice.expected_wait_fraction:.1%} wait; with more workers the replay expects "
                 f"{extra.expected_wait_fraction:.1%}."
             )
-    fix += _memory_note(facts, evidence)
+            certain, caveat = _more_workers_certain(facts)
+            fix += caveat
+    note = _memory_note(facts, evidence)
+    if note and "recommended_prefetch_factor" in evidence and "max_batches_in_flight" in evidence:
+        # Memory is a wall: the depth it allows replaces the one the replay asked for.
+        most = int(evidence["max_batches_in_flight"]) // max(1, facts.workers)
+        recommended = {"prefetch_factor": most} if most >= 1 else {"num_workers": max(1, most)}
+    fix += note
     summary = (
         f"Bursts: the loader keeps up on average (headroom {facts.capacity / facts.consumer_rate:.3g}x) but "
         f"slow batches stall the step for {facts.stall_fraction:.1%} of loop time."
     )
-    return Finding("bursty", min(1.0, facts.stall_fraction), evidence, fix, summary)
+    return Finding("bursty", min(1.0, facts.stall_fraction), evidence, fix, summary, recommended, certain)
 
 
 def _depth_advice(facts: _Facts, workers: int) -> cap.PrefetchAdvice | None:
@@ -372,18 +458,26 @@ def _transfer(facts: _Facts) -> Finding | None:
     if handover:
         actions.append(
             "the batch was already made, so the cost is in handing it over: return a few large contiguous "
-            "tensors (not many small ones or Python objects) and compact dtypes (uint8, fp16) converted on "
-            "the accelerator"
+            "tensors (not many small ones or Python objects)"
+            + (
+                " and compact dtypes (uint8, fp16) converted on the accelerator"
+                if snap.accelerator
+                else ", stacked in the workers' collate_fn"
+            )
         )
+    recommended: dict[str, bool] = {}
     if copy:
         pin = "" if snap.settings.pin_memory else "pin_memory=True and "
+        if snap.accelerator and not snap.settings.pin_memory:
+            recommended = {"pin_memory": True}
         actions.append(f"the copy to the device takes {copy_share:.0%}: {pin}.to(device, non_blocking=True)")
     summary = (
         f"Transfer-bound: with batches ready, handing them over and copying them costs "
         f"{facts.ready_wait_fraction + copy_share:.1%} of loop time."
     )
     severity = min(1.0, facts.ready_wait_fraction + copy_share)
-    return Finding("transfer_bound", severity, evidence, "; ".join(actions).capitalize() + ".", summary)
+    fix = "; ".join(actions)
+    return Finding("transfer_bound", severity, evidence, fix[0].upper() + fix[1:] + ".", summary, recommended)
 
 
 def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
@@ -397,6 +491,7 @@ def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
     if share < EPOCH_START_SHARE:
         return None
     evidence: Evidence = {"epoch_start_s": start, "epoch_s": epoch, "epoch_start_share": share}
+    recommended: dict[str, bool] = {}
     if snap.settings.persistent_workers:
         fix = (
             "persistent_workers is already on, so the start-up is not worker launch: look at the sampler's "
@@ -404,9 +499,10 @@ def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
         )
     else:
         evidence["recommended_persistent_workers"] = 1
+        recommended = {"persistent_workers": True}
         fix = f"persistent_workers=True: workers then start once, saving about {start:.3g} s per epoch."
     summary = f"Epoch-start stall: starting the loader takes {start:.3g} s, {share:.1%} of each epoch."
-    return Finding("epoch_start_stall", min(1.0, share), evidence, fix, summary)
+    return Finding("epoch_start_stall", min(1.0, share), evidence, fix, summary, recommended)
 
 
 def _straggler(facts: _Facts) -> Finding | None:
@@ -460,10 +556,20 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         "they feed."
     )
     summary = (
-        f"Host oversubscribed: {procs} training processes x {facts.workers} workers = {total} worker "
-        f"processes on {host.cpu_count} cores."
+        f"Host oversubscribed: {_plural(procs, 'training process')} x {_plural(facts.workers, 'worker')} = "
+        f"{_plural(total, 'worker process')} on {host.cpu_count} cores."
+    ).replace("processs", "processes")
+    # Fewer workers is a fix only where they were measured to compute (not to wait on I/O).
+    certain = facts.snap.cpu_share is not None
+    return Finding(
+        "host_oversubscribed",
+        min(1.0, severity),
+        evidence,
+        fix,
+        summary,
+        {"num_workers": max(1, budget)},
+        certain,
     )
-    return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary)
 
 
 def _memory(facts: _Facts) -> Finding | None:
@@ -487,11 +593,16 @@ def _memory(facts: _Facts) -> Finding | None:
         return None
     evidence: Evidence = {"inflight_host_bytes": inflight, **shares}
     fix = "Fewer batches in flight: " + _memory_note(facts, evidence, always=True).strip()
+    limit = evidence.get("max_batches_in_flight")
+    recommended: dict[str, int] = {}
+    if isinstance(limit, int) and facts.workers > 0:
+        most = limit // facts.workers
+        recommended = {"prefetch_factor": most} if most >= 1 else {"num_workers": max(1, limit)}
     summary = (
         f"Memory risk: {inflight / 2**30:.3g} GiB of batches in flight across the host's processes "
         f"({', '.join(f'{v:.0%} of {_BUDGET_NAMES[k]}' for k, v in shares.items())})."
     )
-    return Finding("memory_risk", min(1.0, max(shares.values())), evidence, fix, summary)
+    return Finding("memory_risk", min(1.0, max(shares.values())), evidence, fix, summary, recommended)
 
 
 def _fits_memory(facts: _Facts, batches_in_flight: int) -> bool:
@@ -514,7 +625,7 @@ def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> 
     evidence["max_batches_in_flight"] = limit
     most = limit // facts.workers
     if most >= 1:
-        return f" Memory allows at most prefetch_factor={most} with {facts.workers} workers."
+        return f" Memory allows at most prefetch_factor={most} with {_plural(facts.workers, 'worker')}."
     return f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)}."
 
 
@@ -550,7 +661,12 @@ def _loop_overhead(snap: WindowSnapshot) -> Finding | None:
 
 def _compute_bound(facts: _Facts) -> Finding:
     evidence = _rates(facts)
-    if facts.capacity is not None:
+    if facts.capacity is not None and facts.workers == 0:
+        detail = (
+            f"making each batch in the loop takes {1e3 / facts.capacity:.3g} ms, "
+            f"{facts.snap.wait_fraction:.1%} of loop time"
+        )
+    elif facts.capacity is not None:
         detail = (
             f"the loader can make {facts.capacity:.3g} batches/s, "
             f"{facts.capacity / facts.consumer_rate:.3g}x the {facts.consumer_rate:.3g}/s the step takes"

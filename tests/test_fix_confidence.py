@@ -1,0 +1,113 @@
+"""A fix is stated with its confidence: where the loop and the workers compete for cores, it is a hypothesis."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_loadguard import LoadGuard
+from lightning_loadguard.meters.cpu import CpuUse
+from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
+from lightning_loadguard.model import diagnose
+from lightning_loadguard.model.contention import check_cores
+from lightning_loadguard.synthetic import timed_loader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from pipelines import quiet_trainer
+from workloads import CpuModule, JpegDataset, make_jpegs
+
+
+def _in_process(
+    step_s: float, fetch_s: float, fetch_cpu_s: float, cpu: CpuUse | None, steps: int = 40
+) -> WindowSnapshot:
+    """``num_workers=0``: each step waits ``fetch_s`` while its batch is made, then computes ``step_s``."""
+    return WindowSnapshot(
+        wait_s=(fetch_s,) * steps,
+        step_s=(step_s,) * steps,
+        settings=LoaderSettings(num_workers=0),
+        host=HostFacts(cpu_count=2),
+        production_s=(fetch_s,) * steps,
+        production_cpu_s=(fetch_cpu_s,) * steps,
+        cpu=cpu,
+    )
+
+
+def _use(loop: float, workers: float = 0.0, busy: float | None = None, usable: float = 2.0) -> CpuUse:
+    return CpuUse(window_s=2.0, usable_cores=usable, host_cores=2, loop_cores=loop, worker_cores=workers,
+                  busy_cores=busy)
+
+
+def test_a_step_computing_on_both_cores_makes_more_workers_a_hypothesis() -> None:
+    # 30 ms of JPEG decoding in the loop, then a 30 ms step whose torch threads use both cores: at 16.7
+    # steps/s the loop used (0.03 + 2 x 0.03) x 16.7 = 1.5 cores.
+    snap = _in_process(0.030, 0.030, 0.030, _use(loop=1.5, busy=1.5))
+    d = diagnose(snap)
+    assert d.verdict == "producer_deficit"
+    assert d.recommended == {"num_workers": 1}
+    assert d.certain is False
+    fix = d.findings[0].fix
+    assert "compete for the same cores" in fix and "auto_tune=True" in fix
+    assert "fix (a hypothesis on this host)" in d.to_text()
+
+
+def test_a_waiting_step_leaves_the_cores_to_the_workers_and_the_fix_is_certain() -> None:
+    # The step waits (an accelerator): the loop's own CPU is the batch making alone.
+    snap = _in_process(0.030, 0.010, 0.010, _use(loop=0.26, busy=0.26))
+    d = diagnose(snap)
+    assert d.verdict == "producer_deficit"
+    assert d.recommended == {"num_workers": 1} and d.certain is True
+    assert "hypothesis" not in d.to_text()
+
+
+def test_another_process_on_the_host_takes_the_core_a_worker_would_need() -> None:
+    # The same waiting step, but another job keeps 1.7 of the 2 cores busy.
+    snap = _in_process(0.030, 0.010, 0.010, _use(loop=0.26, busy=1.96))
+    d = diagnose(snap)
+    assert d.recommended == {"num_workers": 1} and d.certain is False
+    assert "other work 1.7" in d.findings[0].fix and "busy already" in d.findings[0].fix
+
+
+def test_unmeasured_cpu_is_said_to_be_a_prediction() -> None:
+    d = diagnose(_in_process(0.030, 0.010, 0.010, cpu=None))
+    assert d.recommended == {"num_workers": 1} and d.certain is False
+    assert "not measured" in d.findings[0].fix
+
+
+def test_nothing_to_change_is_an_empty_recommendation_stated_as_certain() -> None:
+    d = diagnose(_in_process(0.030, 0.0001, 0.0001, _use(loop=0.1, busy=0.1)))
+    assert d.verdict == "compute_bound" and d.recommended == {} and d.certain is True
+
+
+def test_a_container_quota_counts_not_the_cpus_the_mask_shows() -> None:
+    # 64 CPUs in the mask, a quota of 2: the same step that needs 3 cores does not fit.
+    check = check_cores(target_rate=30, step_cpu_s=0.066, batch_cpu_s=0.03, usable_cores=2.0, other_cores=0.0)
+    assert not check.fits
+    assert check_cores(target_rate=30, step_cpu_s=0.066, batch_cpu_s=0.03, usable_cores=64.0, other_cores=0.0).fits
+
+
+def test_the_reported_case_jpeg_decoding_and_a_cnn_on_the_cpu(tmp_path: Path) -> None:
+    """``num_workers=0``, JPEGs decoded with PIL, a small CNN trained with torch's threads on every core."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one intra-op thread here: the step does not compete for the cores")
+    paths = make_jpegs(tmp_path, 16)
+    loader = timed_loader(JpegDataset(paths, 32 * 24), batch_size=32, num_workers=0)
+    guard = LoadGuard(window=10, log_every_n_steps=5, print_summary=False)
+    quiet_trainer(max_epochs=1, callbacks=[guard]).fit(CpuModule("cnn"), loader)
+    d = guard.diagnosis
+    assert d is not None and guard.snapshot is not None and guard.snapshot.cpu is not None
+    if d.verdict == "producer_deficit":
+        # More workers take cores from the step's threads: never stated as certain.
+        assert d.certain is False, d.to_text()
+        assert "auto_tune=True" in d.findings[0].fix
+    else:
+        assert d.recommended == {}
+
+
+def test_other_containers_on_the_node_do_not_eat_this_processes_quota() -> None:
+    # A 2-CPU quota on a 64-CPU node where other containers keep 40 CPUs busy: 24 idle CPUs, 2 of quota.
+    use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=64, loop_cores=0.26, worker_cores=0.0, busy_cores=40.26)
+    d = diagnose(_in_process(0.030, 0.010, 0.010, use))
+    assert d.recommended == {"num_workers": 1} and d.certain is True
