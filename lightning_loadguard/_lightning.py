@@ -66,10 +66,22 @@ class FetchTimingProfiler:
         self._inner.stop(action_name)
 
     def __getattr__(self, name: str) -> Any:
+        if name in _PROXY_SLOTS:
+            # copy and pickle build the proxy without __init__ and probe it before its state is back.
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._inner, name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+_PROXY_SLOTS = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "profile"})
 
 
 def install_profiler(trainer: Any, proxy_factory: Callable[[Any], FetchTimingProfiler]) -> bool:
@@ -84,30 +96,41 @@ def uninstall_profiler(trainer: Any) -> None:
         trainer.profiler = trainer.profiler.inner
 
 
+class _LoadStatesThenNotify:
+    """Stands in for ``FitLoop._load_combined_loader_states`` on one fit loop; a plain object, so the fit
+    loop (and the trainer) can still be copied and pickled."""
+
+    def __init__(self, fit_loop: Any, original: Callable[[Any], None], on_ready: Callable[[list[Any]], None]) -> None:
+        self.fit_loop = fit_loop
+        self.original = original
+        self.on_ready = on_ready
+
+    def __call__(self) -> None:
+        self.original(self.fit_loop)
+        combined = self.fit_loop._combined_loader
+        if combined is not None:
+            self.on_ready(list(combined.flattened))
+
+
 def hook_loaders_ready(trainer: Any, on_ready: Callable[[list[Any]], None]) -> bool:
     """Call ``on_ready(loaders)`` each time the fit loop has built its train loaders, before ``iter()``.
 
     Lightning creates the epoch-0 iterator (and starts workers) inside ``FitLoop.setup_data`` right after
     restoring loader states; no public hook runs between the two. Returns ``False`` where that internal
     step does not exist (the caller then instruments at ``on_train_start``, one iterator later).
+    Checked on Lightning 2.4-2.6.
     """
     fit_loop = trainer.fit_loop
     original = getattr(type(fit_loop), "_load_combined_loader_states", None)
     if original is None:
         return False
-
-    def load_states_then_notify() -> None:
-        original(fit_loop)
-        combined = fit_loop._combined_loader
-        if combined is not None:
-            on_ready(list(combined.flattened))
-
-    fit_loop._load_combined_loader_states = load_states_then_notify
+    fit_loop._load_combined_loader_states = _LoadStatesThenNotify(fit_loop, original, on_ready)
     return True
 
 
 def unhook_loaders_ready(trainer: Any) -> None:
-    trainer.fit_loop.__dict__.pop("_load_combined_loader_states", None)
+    if isinstance(trainer.fit_loop.__dict__.get("_load_combined_loader_states"), _LoadStatesThenNotify):
+        del trainer.fit_loop.__dict__["_load_combined_loader_states"]
 
 
 def train_loaders(trainer: Any) -> list[Any]:

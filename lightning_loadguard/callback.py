@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,6 +15,7 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_loadguard import _lightning as _pl
+from lightning_loadguard._patches import Patches
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.consumer import ConsumerMeter
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 
 _NAN = float("nan")
 _PRODUCER_WINDOWS = 4
+_FETCH_TIMING = "timing the training loop's fetch"
+_STEP_TIMING = "timing the training step"
 
 
 def _settings_of(loader: Any) -> LoaderSettings:
@@ -117,7 +121,7 @@ class LoadGuard(_pl.Callback):
         # Production is averaged over more batches than the steps' window: a burst every few dozen batches
         # would otherwise swing the capacity by a burst's share of the window.
         self._producer = ProducerMeter(_PRODUCER_WINDOWS * window)
-        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._on_fetch_observed)
+        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._on_fetch_observed, self._switch_off)
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
         self._settings = LoaderSettings()
@@ -132,7 +136,9 @@ class LoadGuard(_pl.Callback):
         self._switched_off: set[str] = set()
         self._host_key = float(host_key())
         self._processes_on_host = 1
-        self._trainer: Any = None
+        # Weak: a callback that holds its trainer would make every copy or pickle of the callbacks carry it.
+        self._trainer: weakref.ref[Any] | None = None
+        self._patches = Patches()
         self.auto_tune = auto_tune
         self._tuner: TuningSession | None = None
         if auto_tune is not False:
@@ -161,13 +167,21 @@ class LoadGuard(_pl.Callback):
         try:
             return fn(*args)
         except Exception as err:
-            where = traceback.extract_tb(err.__traceback__)[-1]
-            self._say_once(
-                f"{what} failed and is skipped from now on ({type(err).__name__}: {err}, "
-                f"at {where.filename}:{where.lineno}). Training is not affected."
-            )
-            self._switched_off.add(what)
+            self._switch_off(what, err)
             return None
+
+    def _switch_off(self, what: str, err: Exception) -> None:
+        """LoadGuard's own ``what`` failed: say so once and skip it from now on."""
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f", at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        if frames or not str(err):
+            self._say_once(
+                f"{what} failed and is skipped from now on ({type(err).__name__}: {err}{where}). "
+                "Training is not affected."
+            )
+        else:  # a figure that cannot be measured for this loader, not a failure
+            self._say_once(f"{err}.")
+        self._switched_off.add(what)
 
     def _on_epoch_start(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
@@ -178,22 +192,32 @@ class LoadGuard(_pl.Callback):
             self._epoch_start_s[-1] += startup_s
 
     def _on_fetch_start(self, now: float) -> None:
-        self._consumer.fetch_started(now)
+        # On the training loop's fetch path: nothing LoadGuard computes may reach it (nor end an epoch).
+        if _FETCH_TIMING not in self._switched_off:
+            try:
+                self._consumer.fetch_started(now)
+            except Exception as err:
+                self._switch_off(_FETCH_TIMING, err)
         if self._timeline is not None:
             self._guarded("measuring the device timeline", self._timeline.fetch_started)
 
     def _on_fetch_stop(self, now: float) -> None:
         if self._timeline is not None:
             self._guarded("measuring the device timeline", self._timeline.fetch_finished)
-        self._consumer.fetch_finished(now)
+        if _FETCH_TIMING not in self._switched_off:
+            try:
+                self._consumer.fetch_finished(now)
+            except Exception as err:
+                self._switch_off(_FETCH_TIMING, err)
 
 
     # -- loaders ---------------------------------------------------------------------------------------
 
     def _on_loaders_ready(self, loaders: list[Any]) -> None:
-        if self._tuner is not None and self._trainer is not None:
+        trainer = self._trainer() if self._trainer is not None else None
+        if self._tuner is not None and trainer is not None:
             # A decision restored from a checkpoint applies before the first iterator starts its workers.
-            self._guarded("auto-tuning", self._tuner.on_loaders_ready, self._trainer, loaders)
+            self._guarded("auto-tuning", self._tuner.on_loaders_ready, trainer, loaders)
         self._guarded("instrumenting the train loader", self._instrument, loaders)
 
     def _loader_changed(self, loader: Any) -> None:
@@ -238,12 +262,15 @@ class LoadGuard(_pl.Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        self._trainer = trainer
-        _pl.install_profiler(
-            trainer,
-            lambda inner: _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop),
-        )
-        _pl.hook_loaders_ready(trainer, self._on_loaders_ready)
+        self._trainer = weakref.ref(trainer)
+        # Every change to the user's objects is recorded with its undo, for teardown and on_exception alike.
+        self._patches.add("the train loader's class", self._release_loader)
+        if self._tuner is not None:
+            self._patches.add("the auto-tuner's hold on the loader", self._tuner.teardown)
+        if _pl.install_profiler(trainer, self._fetch_timing_profiler):
+            self._patches.add("the trainer's profiler", _pl.uninstall_profiler, trainer)
+        if _pl.hook_loaders_ready(trainer, self._on_loaders_ready):
+            self._patches.add("the fit loop's loader hook", _pl.unhook_loaders_ready, trainer)
         events = self._device_events or cuda_events(trainer.strategy.root_device)
         self._timeline = DeviceTimeline(events, self.window) if events is not None else None
         self._gpu = GpuUtilization(trainer.strategy.root_device)
@@ -254,17 +281,26 @@ class LoadGuard(_pl.Callback):
         if self._loader is None:
             # Without the pre-iterator hook the first iterator already exists: the next one is measured.
             self._on_loaders_ready(_pl.train_loaders(trainer))
-        self._guarded("adding the TensorBoard dashboard", self._add_dashboard, trainer)
+        self._add_dashboard(trainer)
         # The host's CPU is read once per logged window, from here on.
         self._guarded("measuring the host's CPU use", self._cpu.sample)
+
+    def _fetch_timing_profiler(self, inner: Any) -> _pl.FetchTimingProfiler:
+        return _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop)
 
     def _add_dashboard(self, trainer: Any) -> None:
         if trainer.global_rank != 0:
             return
+        layout = self._guarded("building the TensorBoard dashboard", custom_scalars_layout)
+        if layout is None:
+            return
         for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_custom_scalars") and type(logger).__name__ == "TensorBoardLogger":
-                experiment.add_custom_scalars(custom_scalars_layout())
+            if type(logger).__name__ != "TensorBoardLogger":
+                continue
+            # The logger's own call: its failure reaches the user as any logger failure would.
+            experiment = logger.experiment
+            if hasattr(experiment, "add_custom_scalars"):
+                experiment.add_custom_scalars(layout)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking:
@@ -274,7 +310,7 @@ class LoadGuard(_pl.Callback):
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._validation_start is not None:
-            self._consumer.exclude(time.perf_counter() - self._validation_start)
+            self._guarded(_STEP_TIMING, self._consumer.exclude, time.perf_counter() - self._validation_start)
             self._validation_start = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -282,7 +318,11 @@ class LoadGuard(_pl.Callback):
             # First: Lightning's batch_to_device has just launched the copy.
             self._guarded("measuring the device timeline", self._timeline.batch_on_device)
         # From the batch's arrival to here: input conversion and the copy to the device.
-        self._consumer.step_started(time.perf_counter())
+        if _STEP_TIMING not in self._switched_off:
+            try:
+                self._consumer.step_started(time.perf_counter())
+            except Exception as err:
+                self._switch_off(_STEP_TIMING, err)
         if self._measure_batch or self._should_log(trainer):
             self._measure_batch = False
             size = self._guarded("measuring the batch size in bytes", batch_nbytes, batch)
@@ -299,9 +339,9 @@ class LoadGuard(_pl.Callback):
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._consumer.close_step(time.perf_counter())
+        self._guarded(_STEP_TIMING, self._consumer.close_step, time.perf_counter())
         if self._timeline is not None:
-            self._timeline.break_chain()
+            self._guarded("measuring the device timeline", self._timeline.break_chain)
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)
@@ -332,15 +372,25 @@ class LoadGuard(_pl.Callback):
         return self._tuner.decision if self._tuner is not None else None
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit":
-            return
-        if self._tuner is not None:
-            # A fit that ends inside epoch 0 leaves the tuner's order tap on the user's loader otherwise.
-            self._guarded("restoring the loader after auto-tuning", self._tuner.teardown)
+        if stage == "fit":
+            self._undo_patches()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # Lightning skips teardown when fit raises: the user's loader, profiler and fit loop are theirs again.
+        self._undo_patches()
+
+    def _undo_patches(self) -> None:
         self._trainer = None
-        _pl.uninstall_profiler(trainer)
-        _pl.unhook_loaders_ready(trainer)
-        self._release_loader()
+        for what, err in self._patches.undo_all():
+            self._switch_off(f"restoring {what}", err)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is detached from the fit: it keeps the settings and the figures, not the trainer or loader.
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        state["_loader"] = None
+        state["_producer_instrumented"] = False
+        return state
 
     # -- figures ---------------------------------------------------------------------------------------
 
@@ -453,7 +503,9 @@ class LoadGuard(_pl.Callback):
             row[FIELDS.index("host_key")] = self._host_key
         # Every rank reaches the collective on the same steps whatever happened locally above.
         rows = self._gather_rows(trainer, row)
-        combined = combine_ranks(rows, this_rank=trainer.global_rank)
+        combined = self._guarded("combining the ranks' figures", combine_ranks, rows, trainer.global_rank)
+        if combined is None:
+            return
         self._processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:
@@ -472,10 +524,11 @@ class LoadGuard(_pl.Callback):
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
         step = _pl.log_step(trainer)
         for logger in trainer.loggers:
-            self._guarded(f"logging to {type(logger).__name__}", logger.log_metrics, metrics, step)
+            # The logger's own call: its failure reaches the user exactly as a Lightning-logged metric's would.
+            logger.log_metrics(metrics, step)
         if self.diagnosis is not None and self._unlogged_change:
             self._unlogged_change = False
-            self._guarded("logging the diagnosis", self._log_diagnosis, trainer, step)
+            self._log_diagnosis(trainer, step)
 
     def _diagnose(self, trainer: Any, closing: bool = False) -> None:
         snapshot = self.snapshot
@@ -495,14 +548,21 @@ class LoadGuard(_pl.Callback):
             self._history.append((now, stripped))
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
-        assert self.diagnosis is not None
-        text = self.diagnosis.to_text()
-        if self.diagnosis.draining is not None:
-            _print_on_rank_zero(trainer, f"LoadGuard: {self.diagnosis.draining.summary()}")
+        diagnosis = self.diagnosis
+        assert diagnosis is not None
+        text = self._guarded("writing the diagnosis", diagnosis.to_text)
+        if text is None:
+            return
+        if diagnosis.draining is not None:
+            draining = self._guarded("writing the diagnosis", diagnosis.draining.summary)
+            if draining:
+                _print_on_rank_zero(trainer, f"LoadGuard: {draining}")
         for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if type(logger).__name__ == "TensorBoardLogger" and hasattr(experiment, "add_text"):
-                experiment.add_text("loadguard/diagnosis", text, global_step=step)
+            # The loggers' own calls, unguarded: a logger's failure is the user's to see.
+            if type(logger).__name__ == "TensorBoardLogger":
+                experiment = logger.experiment
+                if hasattr(experiment, "add_text"):
+                    experiment.add_text("loadguard/diagnosis", text, global_step=step)
             elif hasattr(logger, "log_text"):
                 logger.log_text(key="loadguard/diagnosis", columns=["diagnosis"], data=[[text]], step=step)
 

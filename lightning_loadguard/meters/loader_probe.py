@@ -2,23 +2,31 @@
 
 The loader keeps its identity, settings and sampler (so the data is untouched): only its class is
 swapped for a subclass that times ``iter()``, hands each worker a timing ``worker_init_fn`` while the
-iterator is created, and peeks at the iterator's buffer on each fetch. ``restore`` undoes it.
+iterator is created, and peeks at the iterator's buffer on each fetch. ``restore`` undoes it; a copy or
+pickle of the loader is of the user's own class, without any of it.
+
+The probe's own code never reaches the data path: a failure in it is reported once (``on_error``) and the
+probe passes every fetch straight through from then on, while the loader's own exceptions, ``StopIteration``
+included, pass unchanged.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter, WorkerMeter, time_in_process_fetch
 
 _PROBE_ATTR = "_loadguard_probe"
 _BASE_ATTR = "_loadguard_probed_base"
 _LEDGER_ATTR = "_loadguard_ledger"
+_OWN_PREFIX = "_loadguard_"
 _probed_classes: dict[type, type] = {}
 
 
@@ -57,6 +65,8 @@ class LoaderProbe:
         on_epoch_start: called with the seconds ``iter(loader)`` took (starting the workers).
         on_fetch: called on every fetch with (was the batch already made?, batches made and waiting, seconds
             of this fetch spent waiting for the workers to finish starting up: the epoch's first fetch only).
+        on_error: called once with what failed and the exception, when the probe's own code fails (the
+            probe then measures nothing more); a warning by default.
     """
 
     def __init__(
@@ -64,36 +74,96 @@ class LoaderProbe:
         producer: ProducerMeter,
         on_epoch_start: Callable[[float], None],
         on_fetch: Callable[[bool | None, int | None, float], None],
+        on_error: Callable[[str, Exception], None] | None = None,
     ) -> None:
         self.producer = producer
         self.on_epoch_start = on_epoch_start
         self.on_fetch = on_fetch
+        self.on_error = on_error or _warn
+        self.failed = False
+        self._said_unmeasured = False
+
+    def fail(self, what: str, err: Exception) -> None:
+        """The probe's own code raised: stop measuring, say so once; training goes on untouched."""
+        if not self.failed:
+            self.failed = True
+            self.on_error(what, err)
 
     def make_iterator(self, loader: DataLoader, create: Callable[[], Any]) -> Any:
-        if loader.num_workers == 0:
-            counters = self.producer.attach(0)
-            iterator = create()
-            fetcher = getattr(iterator, "_dataset_fetcher", None)
-            if fetcher is not None:
-                time_in_process_fetch(fetcher, counters)
-            self._observe(iterator, in_process=True)
-            return iterator
-        counters = self.producer.attach(loader.num_workers)
+        if self.failed:
+            return create()
+        workers = loader.num_workers
         user_init_fn = loader.worker_init_fn
-        loader.worker_init_fn = WorkerMeter(counters, user_init_fn)
+        try:
+            counters = self.producer.attach(workers)
+            if workers > 0:
+                loader.worker_init_fn = WorkerMeter(counters, user_init_fn)
+        except Exception as err:
+            self.fail("preparing the producer meter", err)
+            return create()
         try:
             iterator = create()
         finally:
-            loader.worker_init_fn = user_init_fn
-        iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
-        self._observe(iterator, in_process=False)
+            if workers > 0:
+                loader.worker_init_fn = user_init_fn
+        try:
+            if workers == 0:
+                fetcher = getattr(iterator, "_dataset_fetcher", None)
+                if fetcher is not None:
+                    time_in_process_fetch(fetcher, counters, lambda err: self.fail("timing the in-process fetch", err))
+                self._observe(iterator, in_process=True)
+            else:
+                iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
+                self._observe(iterator, in_process=False)
+                self._watch_resets(iterator)
+        except Exception as err:
+            self.fail("instrumenting the loader's iterator", err)
         return iterator
 
-    def begin_epoch(self, iterator: Any) -> None:
-        """A persistent iterator was reset for a new epoch: its workers' counts carry on from here."""
-        ledger = iterator.__dict__.get(_LEDGER_ATTR)
-        if ledger is not None and not ledger.first_fetch:
-            iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(ledger.counters, fresh=False)
+    def iterated(self, loader: DataLoader, result: object, seconds: float) -> None:
+        """``iter(loader)`` returned ``result`` after ``seconds``: an epoch starts."""
+        if self.failed:
+            return
+        try:
+            if isinstance(result, _BaseDataLoaderIter):
+                self.on_epoch_start(seconds)
+            elif not self._said_unmeasured:
+                # The class's own __iter__ wraps torch's iterator (a generator, map(), ...): workers start
+                # at its first next(), inside the epoch's first fetch, not inside iter().
+                self._said_unmeasured = True
+                self.on_error(
+                    "measuring epoch start-up",
+                    _Unmeasurable(
+                        f"{type(loader).__name__}.__iter__ returns a {type(result).__name__}, not torch's loader "
+                        "iterator, so the workers start inside the first fetch; epoch start-up is not measured "
+                        "(producer capacity and readiness are)"
+                    ),
+                )
+        except Exception as err:
+            self.fail("measuring epoch start-up", err)
+
+    def _watch_resets(self, iterator: Any) -> None:
+        """A persistent iterator is reset for each new epoch: its workers' counts carry on from there.
+
+        Hooked on the iterator's own ``_reset`` rather than on ``iter()``: a loader class whose ``__iter__``
+        wraps torch's iterator never hands that iterator to ``iter()``'s caller.
+        """
+        reset_of = type(iterator)._reset
+        owner = weakref.ref(iterator)
+
+        def reset(loader: Any, first_iter: bool = False) -> None:
+            current = owner()
+            reset_of(current, loader, first_iter)
+            if self.failed:
+                return
+            try:
+                ledger = current.__dict__.get(_LEDGER_ATTR)
+                if ledger is not None and not ledger.first_fetch:
+                    current.__dict__[_LEDGER_ATTR] = _EpochLedger(ledger.counters, fresh=False)
+            except Exception as err:
+                self.fail("starting a persistent iterator's epoch", err)
+
+        iterator._reset = reset
 
     def _observe(self, iterator: Any, in_process: bool) -> None:
         # Held weakly: a cycle through the iterator's own attribute would delay its shutdown (and its
@@ -106,8 +176,12 @@ class LoaderProbe:
 
             def next_data() -> Any:
                 batch = next_data_of(owner())
-                # Produced on demand: nothing is ever waiting.
-                on_fetch(False, 0, 0.0)
+                if not self.failed:
+                    try:
+                        # Produced on demand: nothing is ever waiting.
+                        on_fetch(False, 0, 0.0)
+                    except Exception as err:
+                        self.fail("observing the fetch", err)
                 return batch
 
         else:
@@ -115,23 +189,38 @@ class LoaderProbe:
             def next_data() -> Any:
                 current = owner()
                 ledger: _EpochLedger | None = current.__dict__.get(_LEDGER_ATTR)
-                if ledger is None:
+                if ledger is None or self.failed:
                     return next_data_of(current)
-                row, ready, level = _peek(current, ledger)
-                start = time.perf_counter()
+                try:
+                    row, ready, level = _peek(current, ledger)
+                    start = time.perf_counter()
+                except Exception as err:
+                    self.fail("observing the fetch", err)
+                    return next_data_of(current)
                 batch = next_data_of(current)
-                startup = 0.0
-                if ledger.first_fetch:
-                    ledger.first_fetch = False
-                    ready_at = ledger.counters.ready_at()
-                    if ready_at >= ledger.started_at:
-                        startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
-                if row is not None:
-                    ledger.received[row] += 1
-                on_fetch(ready, level, startup)
+                try:
+                    startup = 0.0
+                    if ledger.first_fetch:
+                        ledger.first_fetch = False
+                        ready_at = ledger.counters.ready_at()
+                        if ready_at >= ledger.started_at:
+                            startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
+                    if row is not None:
+                        ledger.received[row] += 1
+                    on_fetch(ready, level, startup)
+                except Exception as err:
+                    self.fail("observing the fetch", err)
                 return batch
 
         iterator._next_data = next_data
+
+
+class _Unmeasurable(Exception):
+    """Not a failure: a figure the loader's shape does not allow measuring."""
+
+
+def _warn(what: str, err: Exception) -> None:
+    warnings.warn(f"LoadGuard: {what} failed and is skipped from now on ({type(err).__name__}: {err}).", stacklevel=2)
 
 
 def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None, int | None]:
@@ -173,8 +262,7 @@ def _probed_class(cls: type) -> type:
         start = time.perf_counter()
         iterator = super(probed, self).__iter__()
         if probe is not None:
-            probe.on_epoch_start(time.perf_counter() - start)
-            probe.begin_epoch(iterator)
+            probe.iterated(self, iterator, time.perf_counter() - start)
         return iterator
 
     def _get_iterator(self: Any) -> Any:
@@ -187,11 +275,34 @@ def _probed_class(cls: type) -> type:
     probed = type(
         cls.__name__,
         (cls,),
-        {"__iter__": __iter__, "_get_iterator": _get_iterator, "__module__": cls.__module__, _BASE_ATTR: cls},
+        {
+            "__iter__": __iter__,
+            "_get_iterator": _get_iterator,
+            "__reduce_ex__": _reduce_to_base,
+            "__module__": cls.__module__,
+            _BASE_ATTR: cls,
+        },
     )
     probed.__qualname__ = cls.__qualname__
     _probed_classes[cls] = probed
     return probed
+
+
+def _reduce_to_base(self: Any, protocol: int) -> Any:
+    """Copies and pickles of an instrumented loader are of the user's own class, without LoadGuard's state."""
+    base = type(self).__dict__[_BASE_ATTR]
+    getstate = getattr(base, "__getstate__", None)
+    if getstate is not None and getstate is not getattr(object, "__getstate__", None):
+        state = getstate(self)
+    else:
+        state = dict(self.__dict__)
+    if isinstance(state, dict):
+        state = {key: value for key, value in state.items() if not key.startswith(_OWN_PREFIX)}
+    return _new, (base,), state
+
+
+def _new(cls: type) -> Any:
+    return cls.__new__(cls)
 
 
 def _is_probed(loader: object) -> bool:

@@ -157,26 +157,54 @@ class ProducerCounters:
         return [int(flat[row * _WIDTH]) for row in range(self.rows)]
 
 
-def _timed(fetch: Callable[..., Any], counters: ProducerCounters, row: int) -> Callable[..., Any]:
-    """``fetch`` with each call's busy time recorded in ``row``; CPU and core-queueing time on a sample."""
+def _timed(
+    fetch: Callable[..., Any],
+    counters: ProducerCounters,
+    row: int,
+    on_error: Callable[[Exception], None] | None = None,
+) -> Callable[..., Any]:
+    """``fetch`` with each call's busy time recorded in ``row``; CPU and core-queueing time on a sample.
+
+    The timing never reaches the data path: when it fails, ``on_error`` hears of it once and every later
+    call is the plain ``fetch``; the fetch's own exceptions (``StopIteration`` ending an iterable dataset
+    included) pass unchanged.
+    """
     next_sample = time.perf_counter() + SAMPLE_INTERVAL_S
+    broken = False
+
+    def give_up(err: Exception) -> None:
+        nonlocal broken
+        broken = True
+        if on_error is not None:
+            with contextlib.suppress(Exception):
+                on_error(err)
 
     def timed_fetch(*args: Any) -> Any:
         nonlocal next_sample
-        start = time.perf_counter()
-        if start < next_sample:
-            batch = fetch(*args)
-            end = time.perf_counter()
-            counters.record(row, end - start, finished=end)
-            return batch
-        queued_start = _queued_seconds()
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        if broken:
+            return fetch(*args)
+        try:
+            start = time.perf_counter()
+            sampled = start >= next_sample
+            if sampled:
+                queued_start = _queued_seconds()
+                start, cpu_start = time.perf_counter(), time.thread_time()
+        except Exception as err:
+            give_up(err)
+            return fetch(*args)
         batch = fetch(*args)
-        end, cpu = time.perf_counter(), time.thread_time() - cpu_start
-        queued_end = _queued_seconds()
-        queued = queued_end - queued_start if queued_start is not None and queued_end is not None else 0.0
-        counters.record(row, end - start, cpu, queued, finished=end)
-        next_sample = end + SAMPLE_INTERVAL_S
+        try:
+            end = time.perf_counter()
+            if not sampled:
+                counters.record(row, end - start, finished=end)
+                return batch
+            cpu = time.thread_time() - cpu_start
+            queued_end = _queued_seconds()
+            queued = queued_end - queued_start if queued_start is not None and queued_end is not None else 0.0
+            counters.record(row, end - start, cpu, queued, finished=end)
+            next_sample = end + SAMPLE_INTERVAL_S
+        except Exception as err:
+            give_up(err)
         return batch
 
     return timed_fetch
@@ -209,10 +237,13 @@ class WorkerMeter:
             _patch_fetchers(self.counters, row)
         if self.user_init_fn is not None:
             self.user_init_fn(worker_id)
-        self.counters.mark_ready(row)
+        with contextlib.suppress(Exception):
+            self.counters.mark_ready(row)
 
 
-def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
+def time_in_process_fetch(
+    fetcher: Any, counters: ProducerCounters, on_error: Callable[[Exception], None] | None = None
+) -> None:
     """With ``num_workers=0`` the main process is the producer: time its fetcher instance.
 
     The wrapper holds the fetcher weakly: a reference cycle would keep the loader's iterator (and its
@@ -220,7 +251,7 @@ def time_in_process_fetch(fetcher: Any, counters: ProducerCounters) -> None:
     """
     fetch = type(fetcher).fetch
     owner = weakref.ref(fetcher)
-    timed = _timed(lambda index: fetch(owner(), index), counters, 0)
+    timed = _timed(lambda index: fetch(owner(), index), counters, 0, on_error)
     fetcher.fetch = timed
 
 
