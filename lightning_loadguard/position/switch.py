@@ -34,6 +34,9 @@ Example:
 
 from __future__ import annotations
 
+import random
+import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -44,6 +47,7 @@ from lightning_loadguard.position.iterable import StatefulIterableTap
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 
 _TAP_ATTR = "_loadguard_order_tap"
+_SEED_ATTR = "_loadguard_fresh_seed_draws"
 _SWITCHABLE = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
 
@@ -71,7 +75,7 @@ class OrderTap:
                 sampler the main process draws from).
         """
         existing = loader.__dict__.get(_TAP_ATTR)
-        if existing is not None:
+        if isinstance(existing, OrderTap):
             return existing
         if isinstance(loader.dataset, IterableDataset):
             raise TypeError("an IterableDataset's loader has no index sampler to record")
@@ -132,6 +136,90 @@ class OrderTap:
         if name in {"inner", "attribute", "recording", "drawn", "_source", "_replay"}:
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy or pickle of the loader holds the user's own sampler (a live run cannot be copied).
+        return _same, (self.inner,)
+
+
+def _same(inner: Any) -> Any:
+    return inner
+
+
+class FreshSeedDraws:
+    """A stand-in for a loader's index sampler that draws each epoch's worker base seed as torch would.
+
+    torch draws a base seed for the workers from the loader's generator (the global random stream by
+    default) every time it creates an iterator, right before the sampler's run starts; a persistent iterator
+    is reset instead and draws nothing. A loader whose workers were made persistent therefore shifts the
+    global stream by one draw per epoch, and a ``shuffle=True`` permutation drawn from it changes from the
+    third epoch. Standing where torch asks for the sampler's run, this makes the same draw at the same point
+    whenever a persistent iterator is reset, so every epoch's permutation (and every later random draw of the
+    run) is what it would have been with fresh workers each epoch.
+    """
+
+    def __init__(self, inner: Iterable[Any], loader: DataLoader) -> None:
+        self.inner = inner
+        self.active = True
+        self._loader = weakref.ref(loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self._loader() if self.active else None
+        if (
+            loader is not None
+            and loader.num_workers > 0
+            and loader.persistent_workers
+            # Set only once the persistent iterator exists: a new one draws its own seed while being built.
+            and loader.__dict__.get("_iterator") is not None
+        ):
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {"inner", "active", "_loader"}:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _same, (self.inner,)
+
+
+def draw_seeds_like_fresh_iterators(loader: DataLoader) -> None:
+    """Keep ``loader``'s random stream as without persistent workers (see :class:`FreshSeedDraws`).
+
+    Call when persistent workers are turned on for a loader whose untuned run creates a fresh iterator each
+    epoch; :func:`stop_seed_draws` undoes it. Workers that persist keep their own random streams across
+    epochs (a fresh worker is reseeded each epoch): draws made inside workers still differ from epoch 1 on.
+    """
+    if isinstance(loader.__dict__.get(_SEED_ATTR), FreshSeedDraws) or isinstance(loader.dataset, IterableDataset):
+        return
+    tap = loader.__dict__.get(_TAP_ATTR)
+    if isinstance(tap, OrderTap):
+        # Under the order tap, so that iterators holding the tap and the loader after its removal both draw.
+        wrapper = FreshSeedDraws(tap.inner, loader)
+        tap.inner = wrapper
+    else:
+        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        wrapper = FreshSeedDraws(loader.__dict__[attribute], loader)
+        loader.__dict__[attribute] = wrapper
+    loader.__dict__[_SEED_ATTR] = wrapper
+
+
+def stop_seed_draws(loader: DataLoader) -> None:
+    """Undo :func:`draw_seeds_like_fresh_iterators`; iterators that still hold the stand-in pass through."""
+    wrapper = loader.__dict__.pop(_SEED_ATTR, None)
+    if not isinstance(wrapper, FreshSeedDraws):
+        return
+    wrapper.active = False
+    tap = loader.__dict__.get(_TAP_ATTR)
+    if isinstance(tap, OrderTap) and tap.inner is wrapper:
+        tap.inner = wrapper.inner
+    for attribute in ("batch_sampler", "sampler"):
+        if loader.__dict__.get(attribute) is wrapper:
+            loader.__dict__[attribute] = wrapper.inner
 
 
 def shutdown(iterator: object) -> None:
@@ -272,3 +360,49 @@ def restart_iterator(
     if loader.persistent_workers and loader.num_workers > 0:
         loader._iterator = iterator
     return iterator
+
+
+def _global_random_states() -> tuple[Any, ...]:
+    """The main process's global random streams: torch's CPU generator, Python's, and NumPy's if loaded."""
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state()[1].tobytes() if numpy is not None else None
+    return torch.get_rng_state(), random.getstate(), numpy_state
+
+
+def _same_states(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return torch.equal(a[0], b[0]) and a[1] == b[1] and a[2] == b[2]
+
+
+class RandomDrawWatch:
+    """Tells whether the loader's in-process fetches draw from the main process's global random streams.
+
+    With ``num_workers=0`` a dataset that augments with ``torch.rand`` (or ``random``, ``numpy.random``) in
+    ``__getitem__`` advances the training run's own random stream: the next epoch's ``shuffle=True``
+    permutation and every later draw depend on it. Fetching those batches in worker processes instead would
+    change them all, so such a loader must keep loading in the main process. Only the fetch itself is
+    watched (the training step's own draws, e.g. dropout, happen between fetches).
+    """
+
+    def __init__(self) -> None:
+        self.drew = False
+        self.watching = True
+
+    @classmethod
+    def install(cls, iterator: object) -> RandomDrawWatch | None:
+        """Watch the fetches of an in-process torch iterator; ``None`` for any other iterator."""
+        fetcher = getattr(iterator, "_dataset_fetcher", None)
+        if fetcher is None or getattr(iterator, "_num_workers", 0):
+            return None
+        watch = cls()
+        fetch = fetcher.fetch
+
+        def watched_fetch(*args: Any) -> Any:
+            if watch.drew or not watch.watching:
+                return fetch(*args)
+            before = _global_random_states()
+            batch = fetch(*args)
+            watch.drew = not _same_states(before, _global_random_states())
+            return batch
+
+        fetcher.fetch = watched_fetch
+        return watch

@@ -57,10 +57,9 @@ class TuneOptions:
         min_gain: a candidate replaces the user's settings only when measured at least this much faster
             (relative), so run-to-run noise never passes for an improvement. In [0, 1].
         tune_persistent_workers: allow turning ``persistent_workers`` on when restarting workers each epoch
-            costs a measurable share of the epoch. With persistent workers torch draws the workers' base seed
-            once rather than each epoch, so from epoch 2 on the global random stream (and a
-            ``shuffle=True`` order drawn from it) differs from an untuned run; set ``False`` where that
-            matters.
+            costs a measurable share of the epoch. Every epoch's order stays the untuned run's; random
+            draws made inside the workers continue across epochs instead of being reseeded (``False`` where
+            that matters).
         persistent_min_share: the share of epoch time that worker start-up must cost before persistent
             workers are chosen. In [0, 1].
 

@@ -20,9 +20,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_loadguard.meters.host import host_facts
 from lightning_loadguard.position.switch import (
     OrderTap,
+    RandomDrawWatch,
     apply_settings,
+    draw_seeds_like_fresh_iterators,
     restart_iterator,
     shutdown,
+    stop_seed_draws,
     watch_worker_deaths,
 )
 from lightning_loadguard.tuning import _trainer_access as access
@@ -134,6 +137,14 @@ class TuningSession:
         self._cpu_start: tuple[float, float | None] = (0.0, None)
         self._cpu_evidence: tuple[int, float, float] | None = None
         self._epoch = 0
+        self._seeded: list[DataLoader] = []
+        self._draws: RandomDrawWatch | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
+        state = dict(self.__dict__)
+        state.update(_loader=None, _tap=None, _active=False, _seeded=[], _draws=None)
+        return state
 
     # -- Lightning hooks -------------------------------------------------------------------------------
 
@@ -184,6 +195,9 @@ class TuningSession:
                 self._stop_probing()
             return
         self._step += 1
+        if self._step == 1 and self._planner is not None and self._planner.current == self._planner.original:
+            # The user's in-process fetches are watched for draws from the run's random streams.
+            self._draws = RandomDrawWatch.install(access.train_iterator(trainer)[0])
         warmup = self.options.warmup_steps
         if self._step == warmup:
             self.guard._producer.poll()
@@ -195,6 +209,8 @@ class TuningSession:
     def teardown(self) -> None:
         """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
         self._stop_probing()
+        while self._seeded:
+            stop_seed_draws(self._seeded.pop())
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "decision": self.decision.to_dict() if self.decision else None}
@@ -264,6 +280,21 @@ class TuningSession:
         if self._iterable:
             self._finish(trainer, self._model_only(combined))
             return
+        if not planner.measurements:  # the user's own settings, measured first
+            drew = self._draws is not None and self._draws.drew
+            if self._draws is not None:
+                self._draws.watching = False
+            if trainer.world_size > 1:
+                drew = trainer.strategy.reduce_boolean_decision(drew, all=False)
+            if drew:
+                reason = (
+                    "the dataset draws from the main process's global random stream while loading (torch, random "
+                    "or numpy in __getitem__ or collate); loading in workers would change those draws and every "
+                    "later epoch's shuffle order, so loading stays in the main process"
+                )
+                self._say(f"auto-tuning keeps num_workers=0: {reason}.")
+                self._finish(trainer, self._model_only(combined, reason))
+                return
         span = now - self._switch_started if self._planner.current != self._planner.original else 0.0
         next_setting = planner.record(combined)
         if span:
@@ -388,14 +419,15 @@ class TuningSession:
 
     # -- the end ---------------------------------------------------------------------------------------
 
-    def _model_only(self, measurement: Measurement) -> TuneDecision:
+    def _model_only(self, measurement: Measurement, reason: str | None = None) -> TuneDecision:
         assert self._good is not None and self._budget is not None
         return model_only_decision(
             self._good,
             self._budget,
             self.options,
             measurement,
-            "an IterableDataset restarts from its beginning when its workers change and may not shard by worker, "
+            reason
+            or "an IterableDataset restarts from its beginning when its workers change and may not shard by worker, "
             "so num_workers is not changed and nothing is probed mid-epoch",
         )
 
@@ -414,6 +446,7 @@ class TuningSession:
         if decision.persistent_workers != loader.persistent_workers and loader.num_workers > 0:
             # Takes effect when this epoch's iterator ends: the next epoch starts workers that stay.
             loader.__dict__["persistent_workers"] = decision.persistent_workers
+            self._keep_seed_draws(loader, decision)
         # The recorded order stays until epoch 0 ends: a failure of the chosen setting can still go back.
         self._active = False
         self.decision = decision
@@ -467,8 +500,15 @@ class TuningSession:
             pin_memory=decision.pin_memory,
             persistent_workers=decision.persistent_workers,
         )
+        self._keep_seed_draws(loader, decision)
         if self._restored:
             self._progress(f"applied the stored decision: {decision.setting.label}")
+
+    def _keep_seed_draws(self, loader: DataLoader, decision: TuneDecision) -> None:
+        # Persistent workers where the user's loader starts fresh ones each epoch: keep the epochs' orders.
+        if decision.persistent_workers and not decision.original.persistent_workers:
+            draw_seeds_like_fresh_iterators(loader)
+            self._seeded.append(loader)
 
     def _cannot_tune(self, trainer: Any, loaders: list[Any]) -> str | None:
         if len(loaders) != 1:
