@@ -390,6 +390,7 @@ class LoadGuard(_pl.Callback):
         state["_trainer"] = None
         state["_loader"] = None
         state["_producer_instrumented"] = False
+        state["_gpu"] = None  # an NVML handle belongs to the process that opened it
         return state
 
     # -- figures ---------------------------------------------------------------------------------------
