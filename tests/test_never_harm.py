@@ -93,42 +93,56 @@ def test_a_loader_class_with_its_own_iter_trains_as_without_loadguard_under_auto
 
 
 class Copies(pl.Callback):
-    """Copies and pickles what a user might, at the start of fit and mid-epoch."""
+    """Copies and pickles what a user might, at the start of fit and mid-epoch; keeps each result or error."""
 
     def __init__(self) -> None:
         self.results: dict[str, Any] = {}
 
+    def _try(self, name: str, action: Callable[[], Any]) -> None:
+        try:
+            self.results[name] = action()
+        except Exception as err:  # each failure is reported by the test, all at once
+            self.results[name] = err
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.results["callbacks"] = copy.deepcopy(trainer.callbacks)
-        buffer = io.BytesIO()
-        torch.save(trainer, buffer)
-        self.results["trainer"] = buffer.getvalue()
+        self._try("deepcopy(callbacks)", lambda: copy.deepcopy(trainer.callbacks))
+        self._try("torch.save(trainer)", lambda: _saved(trainer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == 3:
-            self.results["loader"] = pickle.loads(pickle.dumps(trainer.train_dataloader))
-            self.results["loader_copy"] = copy.deepcopy(trainer.train_dataloader)
-            self.results["pickled_callbacks"] = pickle.loads(pickle.dumps(trainer.callbacks))
+            loader = trainer.train_dataloader
+            self._try("pickle(loader)", lambda: pickle.loads(pickle.dumps(loader)))
+            self._try("deepcopy(loader)", lambda: copy.deepcopy(loader))
+            self._try("pickle(callbacks)", lambda: pickle.loads(pickle.dumps(trainer.callbacks)))
+
+
+def _saved(trainer: Any) -> Any:
+    buffer = io.BytesIO()
+    torch.save(trainer, buffer)
+    return torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
 
 
 @pytest.mark.parametrize("tune", [False, True], ids=["plain", "auto_tune"])
 def test_the_trainer_callbacks_and_loader_can_be_copied_and_pickled_during_fit(tune: bool) -> None:
     copies = Copies()
-    make = loader_of(Halved, 0)
+    make = loader_of(DataLoader, 0)
     guard = LoadGuard(print_summary=False, auto_tune=FAST if tune else False)
     seen, _ = train(make, guard, callbacks=[copies])
     assert len(seen) == 2 * 48
-    copied_guard = copies.results["callbacks"][-1]
+    failed = {name: repr(result)[:200] for name, result in copies.results.items() if isinstance(result, Exception)}
+    assert not failed
+    copied_guard = copies.results["deepcopy(callbacks)"][-1]
     assert isinstance(copied_guard, LoadGuard) and copied_guard is not guard
     assert copied_guard._trainer is None  # a copy of the callbacks is not a copy of the trainer
-    restored = torch.load(io.BytesIO(copies.results["trainer"]), weights_only=False)
-    assert isinstance(restored.profiler, FetchTimingProfiler)  # the trainer as it stood, profiler proxy included
-    for loader in (copies.results["loader"], copies.results["loader_copy"]):
+    # The trainer as it stood, profiler proxy included.
+    assert isinstance(copies.results["torch.save(trainer)"].profiler, FetchTimingProfiler)
+    for name in ("pickle(loader)", "deepcopy(loader)"):
+        loader = copies.results[name]
         # The user's own class, without LoadGuard's attachments, yielding the same batches.
-        assert type(loader) is Halved
+        assert type(loader) is DataLoader
         assert not [key for key in loader.__dict__ if key.startswith("_loadguard")]
         assert len(list(loader)) == 12
-    assert isinstance(copies.results["pickled_callbacks"][-1], LoadGuard)
+    assert isinstance(copies.results["pickle(callbacks)"][-1], LoadGuard)
 
 
 # -- a fit that raises -----------------------------------------------------------------------------------
@@ -143,7 +157,7 @@ class Crashes(TimedModule):
 
 @pytest.mark.parametrize("tune", [False, True], ids=["plain", "auto_tune"])
 def test_a_fit_that_raises_gets_every_change_undone(tune: bool) -> None:
-    loader = loader_of(Halved, 0)()
+    loader = loader_of(DataLoader, 0)()
     guard = LoadGuard(print_summary=False, auto_tune=FAST if tune else False)
     trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
     user_profiler = trainer.profiler
@@ -151,13 +165,12 @@ def test_a_fit_that_raises_gets_every_change_undone(tune: bool) -> None:
     with pytest.raises(ValueError, match="the user's own error"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(Crashes(), loader)
-    assert type(loader) is Halved
+    assert type(loader) is DataLoader
     assert trainer.profiler is user_profiler
     assert "_load_combined_loader_states" not in trainer.fit_loop.__dict__
     assert loader.__dict__["batch_sampler"] is sampler_slot
     assert not [key for key in loader.__dict__ if key.startswith("_loadguard")]
     pickle.dumps(loader)
-    assert len(guard._patches) == 0
 
 
 # -- the order of every epoch under auto-tuning ----------------------------------------------------------
