@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import torch
+from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import FetchTimingProfiler, pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, quiet_trainer
+from lightning_loadguard.synthetic import TimedDataset, TimedModule
 from lightning_loadguard.tuning.session import TuneOptions
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
