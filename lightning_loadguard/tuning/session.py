@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["TuneDecision", "TuneOptions", "TuningSession"]
 
 _STATE_VERSION = 1
+_WATCHED_STEPS = 3
 
 
 def setting_of(loader: DataLoader) -> Setting:
@@ -195,10 +196,13 @@ class TuningSession:
                 self._stop_probing()
             return
         self._step += 1
-        if self._step == 1 and self._planner is not None and self._planner.current == self._planner.original:
-            # The user's in-process fetches are watched for draws from the run's random streams.
-            self._draws = RandomDrawWatch.install(access.train_iterator(trainer)[0])
         warmup = self.options.warmup_steps
+        if self._step == 1 and self._planner is not None and not self._planner.measurements:
+            # The user's in-process fetches are watched for draws from the run's random streams, during the
+            # warm-up steps only: the watch's own cost stays out of the measured window.
+            self._draws = RandomDrawWatch.install(access.train_iterator(trainer)[0])
+        elif self._draws is not None and self._step >= max(warmup, _WATCHED_STEPS):
+            self._draws.watching = False
         if self._step == warmup:
             self.guard._producer.poll()
             self._window_start = (time.perf_counter(), self.guard._producer.total_batches)
@@ -282,8 +286,6 @@ class TuningSession:
             return
         if not planner.measurements:  # the user's own settings, measured first
             drew = self._draws is not None and self._draws.drew
-            if self._draws is not None:
-                self._draws.watching = False
             if trainer.world_size > 1:
                 drew = trainer.strategy.reduce_boolean_decision(drew, all=False)
             if drew:
