@@ -391,6 +391,7 @@ class LoadGuard(_pl.Callback):
         state["_loader"] = None
         state["_producer_instrumented"] = False
         state["_gpu"] = None  # an NVML handle belongs to the process that opened it
+        state["_timeline"] = None  # so do a device's events
         return state
 
     # -- figures ---------------------------------------------------------------------------------------
