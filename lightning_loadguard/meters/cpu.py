@@ -19,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -230,6 +231,14 @@ class CpuSampler:
         self._cpus = affinity_cpus()
         self._usable = usable_cores(cgroup_root, proc_cgroup)
         self._last: tuple[float, float, float, float | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy samples the process that holds it, from a fresh window.
+        return {**self.__dict__, "_process": None, "_last": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._process = psutil.Process()
 
     def _read(self) -> tuple[float, float, float, float | None]:
         times = self._process.cpu_times()
