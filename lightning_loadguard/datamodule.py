@@ -106,6 +106,59 @@ def _several_loaders(loader: object) -> str | None:
     return None
 
 
+def _part_seed(seed: int, index: int) -> int:
+    """The base seed of the ``index``-th of several loaders: their orders differ, each reproducible."""
+    return (seed + 1_000_003 * index) % 2**63
+
+
+class _Part:
+    """One of several train loaders: its rebuilt loader and the consumer's cursor in its passes."""
+
+    def __init__(self, loader: DataLoader, cursor: EpochCursor) -> None:
+        self.loader = loader
+        self.cursor = cursor
+
+    def position(self) -> LoaderPosition:
+        order = planned_sampler(self.loader)
+        epoch, batches = self.cursor.position
+        if isinstance(order, PlannedSampler):
+            return order.position(epoch, batches)
+        assert isinstance(order, PlannedBatchSampler)
+        return LoaderPosition(
+            epoch=epoch,
+            batches_consumed=batches,
+            samples_consumed=order.samples_in(epoch, batches),
+            seed=order.seed,
+            dataset_len=len(self.loader.dataset),  # type: ignore[arg-type]
+        )
+
+
+class _SeveralPositions:
+    """The stored position of several train loaders: the epoch's batch count and each loader's position."""
+
+    def __init__(self, raw: dict[str, Any], combined: tuple[int, int], loaders: dict[str, LoaderPosition]) -> None:
+        self.raw = raw
+        self.combined = combined
+        self.loaders = loaders
+
+    @classmethod
+    def from_state(cls, raw: dict[str, Any], trainer: Any) -> _SeveralPositions:
+        try:
+            combined = (int(raw["combined"]["epoch"]), int(raw["combined"]["batches"]))
+            loaders = {str(k): LoaderPosition.from_state_dict(v) for k, v in raw["loaders"].items()}
+        except (KeyError, TypeError, ValueError) as err:
+            raise PositionMismatchError(f"the stored position of several loaders is incomplete ({err!r})") from err
+        if trainer is not None:
+            worlds = {p.world_size for p in loaders.values()}
+            if worlds != {trainer.world_size}:
+                raise PositionMismatchError(
+                    f"several loaders were positioned with world_size={sorted(worlds)}, this run has "
+                    f"world_size={trainer.world_size}: only a single loader's epoch can be re-sharded"
+                )
+            repair_restored_progress(trainer, *combined)
+        return cls(raw, combined, loaders)
+
+
 class ResumableLoaderMixin:
     """Store the consumer's train-loader position in every checkpoint and resume right after it.
 
@@ -122,14 +175,15 @@ class ResumableLoaderMixin:
 
     Handled: map-style datasets with the default, a custom (torch, Python or numpy randomness) or a
     ``DistributedSampler`` (sharded by the mixin, so Lightning does not inject its own), custom batch
-    samplers on one process, torchdata's ``StatefulDataLoader`` over a map-style dataset, any
+    samplers on one process, torchdata's ``StatefulDataLoader`` over a map-style dataset, a dict or list of
+    such loaders (each continued at its own place), any
     ``num_workers`` (it may change between runs), persistent workers, ``limit_train_batches``,
     ``accumulate_grad_batches``, ``val_check_interval``, ``estimated_stepping_batches``, several crashes in a
     row, a larger ``max_steps`` after a fit that ended mid-epoch, a different world size on resume (the rest
     of the epoch is re-sharded), and iterable datasets with ``state_dict()/load_state_dict()`` read with
     ``num_workers=0`` on one process. Loaders that keep their own state over an iterable dataset are left to
     it. Refused with an error: a changed dataset length, batch size or ``drop_last``; a state of another
-    version; a sampler whose order cannot be reproduced; several train loaders; a custom batch sampler on
+    version; a sampler whose order cannot be reproduced; a ``CombinedLoader``; a custom batch sampler on
     several ranks; a world-size change combined with ``limit_train_batches``. docs/resume.md has the table.
 
     Attributes:
@@ -168,7 +222,8 @@ class ResumableLoaderMixin:
 
     @property
     def loader_position(self) -> LoaderPosition | None:
-        """The consumer's position in the train loader now (``None`` before a loader was built)."""
+        """The consumer's position in the train loader now (``None`` before a loader was built, and for
+        several loaders, whose positions are in the checkpoint)."""
         loader = getattr(self, "_loadguard_loader", None)
         trainer = getattr(self, "trainer", None)
         if loader is None or trainer is None:
@@ -215,10 +270,17 @@ class ResumableLoaderMixin:
     def _loadguard_add_state(self, state: dict[str, Any]) -> dict[str, Any]:
         loader = self.__dict__.get("_loadguard_loader")
         trainer = getattr(self, "trainer", None)
-        if loader is not None and trainer is not None:
+        parts = self.__dict__.get("_loadguard_parts")
+        if parts is not None and trainer is not None:
+            epoch, batches = self.__dict__["_loadguard_cursor"].position
+            state[STATE_KEY] = {
+                "combined": {"epoch": epoch, "batches": batches},
+                "loaders": {str(key): part.position().state_dict() for key, part in parts.items()},
+            }
+        elif loader is not None and trainer is not None:
             state[STATE_KEY] = self._loadguard_position(loader, trainer).state_dict()
         elif (pending := self.__dict__.get("_loadguard_loaded")) is not None:
-            state[STATE_KEY] = pending.state_dict()
+            state[STATE_KEY] = pending.state_dict() if isinstance(pending, LoaderPosition) else pending.raw
         return state
 
     def _loadguard_take_state(self, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -226,6 +288,9 @@ class ResumableLoaderMixin:
         raw = rest.pop(STATE_KEY, None)
         self.__dict__["_loadguard_state_seen"] = True
         if raw is None:
+            return rest
+        if isinstance(raw, dict) and "loaders" in raw:
+            self.__dict__["_loadguard_loaded"] = _SeveralPositions.from_state(raw, getattr(self, "trainer", None))
             return rest
         position = LoaderPosition.from_state_dict(raw)
         trainer = getattr(self, "trainer", None)
@@ -266,13 +331,15 @@ class ResumableLoaderMixin:
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return loader
+        if isinstance(loader, (dict, list, tuple)) and loader:
+            return self._loadguard_adapt_several(loader, trainer)
         several = _several_loaders(loader)
         if several is not None:
             raise ValueError(
-                f"train_dataloader() returned several loaders ({several}): ResumableLoaderMixin resumes one "
-                "DataLoader exactly and cannot continue loaders that Lightning combines (it cycles the shorter "
-                "ones) at the same place. Return one DataLoader (for example over a ConcatDataset with a "
-                "sampler that mixes the tasks), or remove ResumableLoaderMixin to train without exact resume"
+                f"train_dataloader() returned {several} loaders: ResumableLoaderMixin continues several "
+                "loaders only as a dict or list (Lightning's default mode, max_size_cycle), since a "
+                "CombinedLoader's mode cannot be read back to rebuild it. Return the dict or list of loaders "
+                "instead, or remove ResumableLoaderMixin to train without exact resume"
             )
         if not isinstance(loader, DataLoader):
             self._loadguard_warn_once(
@@ -337,6 +404,74 @@ class ResumableLoaderMixin:
         put_callback_first(trainer, hooks)
         return made
 
+    def _loadguard_adapt_several(self, loaders: dict[Any, Any] | list[Any] | tuple[Any, ...], trainer: Any) -> Any:
+        """Position every loader of a dict or list (Lightning combines them, cycling the shorter ones).
+
+        Each loader gets its own order and cursor: a shorter loader that runs out starts its next pass, as
+        Lightning restarts it, and a pass cut by the epoch's end is left for the next one, as a new epoch
+        restarts every loader. A checkpoint holds the epoch's batch count and every loader's position.
+        """
+        items = list(loaders.items()) if isinstance(loaders, dict) else list(enumerate(loaders))
+        for key, child in items:
+            if (
+                not isinstance(child, DataLoader)
+                or not rebuildable(child)
+                or isinstance(child.dataset, IterableDataset)
+            ):
+                raise ValueError(
+                    f"train_dataloader() returned several loaders, and loader {key!r} is a "
+                    f"{type(child).__qualname__} over {type(getattr(child, 'dataset', None)).__qualname__}: "
+                    "ResumableLoaderMixin continues several loaders only when each is a plain DataLoader over a "
+                    "map-style dataset. Return one loader, or remove ResumableLoaderMixin to train without "
+                    "exact resume"
+                )
+        loaded = self.__dict__.pop("_loadguard_loaded", None)
+        if loaded is not None and not isinstance(loaded, _SeveralPositions):
+            raise PositionMismatchError(
+                f"the checkpoint holds the position of one train loader, train_dataloader() now returns {len(items)}"
+            )
+        if loaded is not None and set(loaded.loaders) != {str(key) for key, _ in items}:
+            raise PositionMismatchError(
+                f"the checkpoint holds positions of the train loaders {sorted(loaded.loaders)}, "
+                f"train_dataloader() now returns {sorted(str(key) for key, _ in items)}"
+            )
+        first = next(iter(loaded.loaders.values())) if loaded is not None else None
+        seed = self._loadguard_seed_for(trainer, first)
+        old_parts: dict[Any, _Part] = self.__dict__.get("_loadguard_parts") or {}
+        same_fit = self.__dict__.get("_loadguard_cursor_trainer") is trainer
+        parts: dict[Any, _Part] = {}
+        for index, (key, child) in enumerate(items):
+            made = make_resumable(
+                child, seed=_part_seed(seed, index), rank=trainer.global_rank, world_size=trainer.world_size
+            )
+            order = planned_sampler(made)
+            position = loaded.loaders[str(key)] if loaded is not None else None
+            if position is not None:
+                if isinstance(order, PlannedSampler):
+                    order.resume(position)
+                cursor = EpochCursor(position.epoch, position.batches_consumed)
+            elif same_fit and key in old_parts:
+                cursor = old_parts[key].cursor
+            else:
+                cursor = EpochCursor(trainer.current_epoch, 0)
+            order.cursor = cursor  # type: ignore[union-attr]
+            parts[key] = _Part(made, cursor)
+        if loaded is not None:
+            self.__dict__["_loadguard_cursor"] = EpochCursor(*loaded.combined)
+            if loaded.combined[1] > 0 and "_loadguard_restore_warnings" not in self.__dict__:
+                self.__dict__["_loadguard_restore_warnings"] = silence_not_resumable_warning()
+        elif not same_fit or "_loadguard_cursor" not in self.__dict__:
+            self.__dict__["_loadguard_cursor"] = EpochCursor(trainer.current_epoch, 0)
+        self.__dict__["_loadguard_cursor_trainer"] = trainer
+        self.__dict__["_loadguard_parts"] = parts
+        self.__dict__.pop("_loadguard_loader", None)
+        hooks = self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self))
+        put_callback_first(trainer, hooks)
+        made_loaders = [part.loader for part in parts.values()]
+        if isinstance(loaders, dict):
+            return dict(zip(parts, made_loaders, strict=True))
+        return type(loaders)(made_loaders)
+
     def _loadguard_keep_stateful(self, loader: DataLoader, trainer: Any) -> DataLoader:
         """Leave a loader that keeps its own position (litdata's StreamingDataLoader, torchdata's
         StatefulDataLoader over an iterable dataset) to that state, which Lightning saves in every checkpoint.
@@ -381,6 +516,8 @@ class ResumableLoaderMixin:
             if self.__dict__.pop("_loadguard_unchecked", False):
                 cursor.batches = 0
             cursor.epoch_started()
+        for part in (self.__dict__.get("_loadguard_parts") or {}).values():
+            part.cursor.epoch_started()
 
     def _loadguard_before_batch(self, batch_idx: int) -> None:
         self._loadguard_release_warnings()
@@ -399,6 +536,18 @@ class ResumableLoaderMixin:
 
     def _loadguard_after_batch(self, trainer: Any) -> None:
         cursor = self.__dict__.get("_loadguard_cursor")
+        parts = self.__dict__.get("_loadguard_parts")
+        if cursor is not None and parts is not None:
+            epoch = cursor.epoch
+            cursor.consumed(trainer.num_training_batches)
+            # Each loader gave one batch (max_size_cycle); one that ran out starts its next pass.
+            for part in parts.values():
+                part.cursor.consumed(len(part.loader))
+                if cursor.epoch != epoch:
+                    # The epoch is over for every loader: a cut pass is not continued, as the next epoch
+                    # restarts every loader (also when a resume skips the next on_train_epoch_start).
+                    part.cursor.epoch_started()
+            return
         loader = self.__dict__.get("_loadguard_loader")
         if cursor is None or loader is None:
             return

@@ -96,8 +96,16 @@ class Data(ResumableLoaderMixin, pl.LightningDataModule):
             return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
         if kind == "subclass":
             return GeneratorLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
-        if kind in ("dict", "list"):
-            loaders = [DataLoader(ds, batch_size=b, shuffle=True), DataLoader(Indexed(n // 2), batch_size=b)]
+        if kind in ("dict", "list", "combined"):
+            # A second task half as long, whose samples are told apart by an offset of 1000 in the record.
+            loaders = [
+                DataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra),
+                DataLoader(Indexed(n // 2), batch_size=b, shuffle=True, **extra),
+            ]
+            if kind == "combined":
+                from lightning.pytorch.utilities import CombinedLoader
+
+                return CombinedLoader(loaders, mode="max_size_cycle")
             return dict(zip("ab", loaders, strict=True)) if kind == "dict" else loaders
         raise ValueError(f"unknown sampler kind {kind!r}")
 
@@ -123,8 +131,14 @@ class Recorder(pl.LightningModule):
         self.stepping_batches: float | None = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        idx, x = batch
-        got = [int(i) for i in idx]
+        if isinstance(batch, dict):  # several loaders: every task's indices, the second one's offset by 1000
+            batch = list(batch.values())
+        if isinstance(batch, list) and isinstance(batch[0], (list, tuple)):
+            (idx, x), (second, _) = batch
+            got = [int(i) for i in idx] + [1000 + int(i) for i in second]
+        else:
+            idx, x = batch
+            got = [int(i) for i in idx]
         self.seen.extend(got)
         if self.log_path:
             with open(f"{self.log_path}.rank{self.global_rank}", "a") as f:

@@ -289,9 +289,22 @@ def test_a_sampler_whose_order_cannot_be_reproduced_is_refused_before_training()
 
 
 @pytest.mark.parametrize("kind", ["dict", "list"])
-def test_several_train_loaders_are_refused_at_fit_start(kind: str) -> None:
-    case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": kind}
-    with pytest.raises(ValueError, match=r"returned several loaders \(a (dict|list) of 2.*Return one DataLoader"):
+@pytest.mark.parametrize("stop_at", [2, 3, 5, 7])
+def test_several_train_loaders_resume_exactly(kind: str, stop_at: int, tmp_path: Path) -> None:
+    # 20 and 10 samples, batch 4: 5 and 3 batches, the second loader cycled (its pass ends at steps 3, 6).
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7, "sampler": kind}
+    full, resumed = _resume(case, tmp_path, "step", stop_at)
+    assert resumed == full
+    # Epoch 0 gives the short loader a whole pass and 2 batches (8 samples) of the next; epoch 1 restarts it.
+    short = [i - 1000 for i in full if i >= 1000]
+    assert len(short) == 2 * (10 + 8)
+    assert sorted(short[:10]) == sorted(short[18:28]) == list(range(10))
+    assert short[:10] != short[18:28], "each pass has its own order"
+
+
+def test_a_combined_loader_is_refused_at_fit_start() -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": "combined"}
+    with pytest.raises(ValueError, match=r"returned a CombinedLoader of 2 loaders.*Return the dict or list"):
         run(case)
 
 

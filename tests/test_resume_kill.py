@@ -75,6 +75,17 @@ SCENARIOS: list[dict[str, Any]] = [
         "case": dict(BASE, sampler="numpy_own"),
         "segments": [_step(5), _step(12), {}],
     },
+    # Case 4: two loaders in a dict (20 and 10 samples, batch 4: the second one's pass ends at steps 3 and 6).
+    {
+        "name": "several_loaders",
+        "case": dict(BASE, sampler="dict"),
+        "segments": [_step(3), _step(5), _step(8), {}],
+    },
+    {
+        "name": "several_loaders_workers",
+        "case": dict(BASE, sampler="list", workers=1),
+        "segments": [_step(4), _step(12), {}],
+    },
     # Case 5: a loader with its own state (torchdata's StatefulDataLoader), with and without workers.
     {
         # Step 5 is epoch 0's last batch: torchdata's own state would resume into an empty epoch 1.
@@ -100,6 +111,7 @@ SLOW = {
     "max_steps_extension_then_crash",
     "numpy_global_sampler",
     "stateful_dataloader_workers",
+    "several_loaders_workers",
 }
 EXACT = [
     pytest.param(s["name"], marks=[pytest.mark.slow] if s["name"] in SLOW else [])

@@ -89,6 +89,7 @@ def _check(
     crashes: list[tuple[int, str | float]],
     where: str,
     tmp: Path,
+    several: bool = False,
 ) -> None:
     per_epoch = n // batch_size if drop_last else math.ceil(n / batch_size)
     assume(per_epoch >= 1)
@@ -109,6 +110,8 @@ def _check(
         }
     )
     case = {"n": n, "batch_size": batch_size, "drop_last": drop_last, "seed": 11}
+    if several:  # a dict of two loaders, the second one half as long and cycled by Lightning
+        case["sampler"] = "dict"
     loop = {
         "max_epochs": epochs,
         "limit_train_batches": limit if limit is not None else 1.0,
@@ -148,6 +151,7 @@ LAYOUT = {
         st.tuples(st.integers(0, 2), st.one_of(st.just("last"), st.floats(0.0, 1.0))), min_size=1, max_size=3
     ),
     "where": st.sampled_from(["batch_end", "validation_end"]),
+    "several": st.booleans(),
 }
 
 
@@ -167,6 +171,7 @@ LAYOUT = {
     epochs=3,
     crashes=[(0, "last"), (1, 0.5)],
     where="batch_end",
+    several=False,
 )
 @example(
     n=20,
@@ -178,6 +183,7 @@ LAYOUT = {
     epochs=3,
     crashes=[(0, "last"), (1, "last"), (2, 0.4)],
     where="batch_end",
+    several=False,
 )
 @example(
     n=5,
@@ -189,6 +195,7 @@ LAYOUT = {
     epochs=1,
     crashes=[(0, "last")],
     where="validation_end",
+    several=False,
 )
 @example(
     n=17,
@@ -200,6 +207,19 @@ LAYOUT = {
     epochs=3,
     crashes=[(0, "last"), (1, 0.5)],
     where="validation_end",
+    several=False,
+)
+@example(
+    n=20,
+    batch_size=4,
+    drop_last=False,
+    limit=None,
+    accumulate=1,
+    val_every=None,
+    epochs=2,
+    crashes=[(0, 0.6), (0, "last"), (1, 0.4)],
+    where="batch_end",
+    several=True,
 )
 def test_crashes_anywhere_resume_exactly(tmp_path: Path, **params: Any) -> None:
     _check(**params, tmp=tmp_path)
