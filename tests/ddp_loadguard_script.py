@@ -9,10 +9,11 @@ import warnings
 
 import torch
 from lightning.pytorch import seed_everything
-from pipelines import quiet_trainer
+from lightning.pytorch.profilers import SimpleProfiler
+from pipelines import FETCH_ACTION, ClockedDataset, ClockedModule, Observed, quiet_trainer
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import timed_loader
 
 warnings.filterwarnings("ignore")
 
@@ -21,15 +22,22 @@ def main(out_dir: str) -> None:
     seed_everything(0)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     # Rank 1 makes each batch in 20 ms with one worker; rank 0 in no time; the step takes 5 ms.
-    dataset = TimedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
+    dataset = ClockedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
     guard = LoadGuard(window=20, print_summary=False)
-    trainer = quiet_trainer(strategy="ddp", devices=2, max_epochs=1, callbacks=[guard], log_every_n_steps=10)
-    trainer.fit(TimedModule(step_s=0.005), timed_loader(dataset, batch_size=4, num_workers=1))
+    # The run's own clocks: Lightning's profiler times each fetch, the module the loop (see pipelines.Observed).
+    profiler = SimpleProfiler()
+    module = ClockedModule(step_s=0.005)
+    trainer = quiet_trainer(
+        strategy="ddp", devices=2, max_epochs=1, callbacks=[guard], log_every_n_steps=10, profiler=profiler
+    )
+    trainer.fit(module, timed_loader(dataset, batch_size=4, num_workers=1))
+    module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     snapshot = guard.snapshot
     assert snapshot is not None and guard.diagnosis is not None
     result = {
         "metrics": guard.metrics,
         "rank_wait_fractions": snapshot.rank_wait_fractions,
+        "observed_wait_fraction": Observed.of(module, 1, guard.window).wait_fraction,
         "processes_on_host": snapshot.host.processes_on_host,
         "batch_bytes": snapshot.batch_bytes,
         "inflight_host_bytes": snapshot.inflight_host_bytes,

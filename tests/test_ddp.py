@@ -23,7 +23,11 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
         assert result["processes_on_host"] == 2
     rank0 = ranks[0]
     waits = rank0["rank_wait_fractions"]
-    assert waits[1] > 0.5 and waits[1] - waits[0] > 0.3
+    # Each rank's wait against its own clocks (fetches timed by Lightning's profiler, the loop by the module):
+    # rank 1's loader is the slow one, and however busy the machine, its fetches are the ones that wait.
+    observed = [result["observed_wait_fraction"] for result in ranks]
+    assert waits == pytest.approx(observed, rel=0.02, abs=0.002)
+    assert observed[1] > observed[0]
     assert rank0["metrics"]["loadguard/wait_fraction"] == pytest.approx(waits[1])
     # One worker, prefetch 2: two batches in flight per rank, two ranks on this host.
     per_rank = 2 * rank0["batch_bytes"]

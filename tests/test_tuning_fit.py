@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -257,6 +258,7 @@ def test_a_killed_worker_during_a_probe_reverts_and_no_sample_is_lost() -> None:
     decision = guard.decision
     assert decision is not None and decision.num_workers == 1
     # The workers die after a few batches: during a probe window, or after the decision (then it is undone).
+    # torch reports the death as the worker having exited, or as the connection to it reset, by timing.
     failures = [c.failed for c in decision.candidates if c.failed] + [decision.reason]
-    assert any("exited unexpectedly" in text for text in failures), decision.table()
+    assert any(re.search("exited unexpectedly|Connection reset", text) for text in failures), decision.table()
     assert tuned == untuned
