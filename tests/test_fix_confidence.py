@@ -111,3 +111,11 @@ def test_other_containers_on_the_node_do_not_eat_this_processes_quota() -> None:
     use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=64, loop_cores=0.26, worker_cores=0.0, busy_cores=40.26)
     d = diagnose(_in_process(0.030, 0.010, 0.010, use))
     assert d.recommended == {"num_workers": 1} and d.certain is True
+
+
+def test_workers_waiting_on_io_need_no_core_even_on_a_busy_host() -> None:
+    # 30 ms of sleeping per batch (0.2 ms of CPU) against a 30 ms step: the host is saturated by other
+    # work, yet the two workers Little's law asks for fit.
+    use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=2, loop_cores=0.05, worker_cores=0.0, busy_cores=2.0)
+    d = diagnose(_in_process(0.030, 0.030, 0.0002, use))
+    assert d.recommended == {"num_workers": 2} and d.certain is True

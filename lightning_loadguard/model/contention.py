@@ -12,6 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+IDLE_WORKERS = 0.1
+"""Cores below which the workers' added CPU use does not compete: workers waiting on I/O need no core of
+their own, even on a busy host."""
+
 HEADROOM = 0.9
 """Share of the available cores a fix may plan to use: scheduling, Python's own threads and the jitter of
 other work take the rest."""
@@ -47,6 +51,8 @@ class CoreCheck:
 
     @property
     def fits(self) -> bool:
+        if self.worker_cores < IDLE_WORKERS:
+            return True
         return not self.saturated and self.needed_cores <= HEADROOM * self.available_cores
 
     def sentence(self, rate: float) -> str:

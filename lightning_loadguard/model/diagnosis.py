@@ -484,6 +484,8 @@ def _epoch_start(facts: _Facts, steps_per_epoch: int | None) -> Finding | None:
     snap = facts.snap
     if not snap.epoch_start_s or snap.steps == 0 or facts.workers == 0:
         return None
+    if snap.settings.persistent_workers and len(snap.epoch_start_s) <= 1:
+        return None  # persistent workers start once: the first epoch's start-up is not paid again
     start = fmean(snap.epoch_start_s)
     per_step = snap.loop_s / snap.steps
     epoch = per_step * (steps_per_epoch if steps_per_epoch is not None else snap.steps)
