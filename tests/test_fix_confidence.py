@@ -98,19 +98,15 @@ def test_the_reported_case_jpeg_decoding_and_a_cnn_on_the_cpu(tmp_path: Path) ->
     quiet_trainer(max_epochs=1, callbacks=[guard]).fit(CpuModule("cnn"), loader)
     d = guard.diagnosis
     assert d is not None and guard.snapshot is not None and guard.snapshot.cpu is not None
-    if d.verdict == "producer_deficit":
-        # More workers take cores from the step's threads: never stated as certain.
-        assert d.certain is False, d.to_text()
+    # Whether the cores carry a worker depends on the load the run met (benchmarks/diagnosis_fixes.py measures
+    # the outcome); what holds always: the fix in words and in kwargs agree, and an uncertain one says how to
+    # verify it.
+    for key, value in d.recommended.items():
+        assert f"{key}={value}" in d.findings[0].fix
+    if d.recommended and not d.certain:
         assert "auto_tune=True" in d.findings[0].fix
-    else:
+    if d.verdict == "compute_bound":
         assert d.recommended == {}
-
-
-def test_other_containers_on_the_node_do_not_eat_this_processes_quota() -> None:
-    # A 2-CPU quota on a 64-CPU node where other containers keep 40 CPUs busy: 24 idle CPUs, 2 of quota.
-    use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=64, loop_cores=0.26, worker_cores=0.0, busy_cores=40.26)
-    d = diagnose(_in_process(0.030, 0.010, 0.010, use))
-    assert d.recommended == {"num_workers": 1} and d.certain is True
 
 
 def test_workers_waiting_on_io_need_no_core_even_on_a_busy_host() -> None:
@@ -119,3 +115,10 @@ def test_workers_waiting_on_io_need_no_core_even_on_a_busy_host() -> None:
     use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=2, loop_cores=0.05, worker_cores=0.0, busy_cores=2.0)
     d = diagnose(_in_process(0.030, 0.030, 0.0002, use))
     assert d.recommended == {"num_workers": 2} and d.certain is True
+
+
+def test_other_containers_on_the_node_do_not_eat_this_processes_quota() -> None:
+    # A 2-CPU quota on a 64-CPU node where other containers keep 40 CPUs busy: 24 idle CPUs, 2 of quota.
+    use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=64, loop_cores=0.26, worker_cores=0.0, busy_cores=40.26)
+    d = diagnose(_in_process(0.030, 0.010, 0.010, use))
+    assert d.recommended == {"num_workers": 1} and d.certain is True
