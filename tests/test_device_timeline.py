@@ -370,20 +370,21 @@ def test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhe
 
 
 def test_the_tuner_judges_settings_by_the_devices_idle() -> None:
-    # Host ahead with a bursty in-process loader: the host waits ~40 % of its time, the device never idles.
+    # Host ahead with a bursty in-process loader: the host waits ~30 % of its time, the device never idles
+    # (150 ms of queued work hide each 60 ms batch).
     # On the device's clock there is nothing to win, so the tuner keeps the settings without probing; the
     # host's clock would have sent it probing worker counts.
     options = TuneOptions(warmup_steps=3, window_steps=8, probe_share=0.5, tune_persistent_workers=False)
     device = SimDevice()
     guard, _ = _fit(
-        device, 0.06, 0.03, _SyncingLogger(device, 0.0, every=4), data=_BurstyData, steps=48, auto_tune=options
+        device, 0.06, 0.05, _SyncingLogger(device, 0.0, every=4), data=_BurstyData, steps=48, auto_tune=options
     )
     assert guard.decision is not None
     assert guard.decision.verdict == "compute_bound"
     assert len(guard.decision.candidates) == 1  # only the user's own setting was measured
     assert guard.decision.throughput_before is not None
-    assert guard.decision.throughput_before < 1.02 / 0.03  # never above the device's own rate
-    assert guard.metrics["loadguard/wait_fraction"] > 0.2  # what the host's clock says
+    assert guard.decision.throughput_before < 1.02 / 0.05  # never above the device's own rate
+    assert guard.metrics["loadguard/wait_fraction"] > 0.15  # what the host's clock says
 
 
 def test_on_cpu_the_device_metrics_are_absent() -> None:
