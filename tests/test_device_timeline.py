@@ -387,6 +387,28 @@ def test_the_tuner_judges_settings_by_the_devices_idle() -> None:
     assert guard.metrics["loadguard/wait_fraction"] > 0.15  # what the host's clock says
 
 
+class _ValidatingModule(_DeviceModule):
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.sim.launch(0.05)  # validation keeps the device busy, then the host waits for it
+        self.sim.item()
+
+
+def test_validation_inside_the_epoch_is_not_the_loops_idle() -> None:
+    # Validation every 6 steps takes 2 x 50 ms of device time and a sync; it runs between two training steps.
+    # Counted in the span after it, it would look like 100 ms of loop idle against 20 ms steps.
+    device = SimDevice()
+    guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False)
+    guard._device_events = device.event
+    train = torch.utils.data.DataLoader(_SleepyData(30, 0.0), batch_size=1)
+    val = torch.utils.data.DataLoader(_SleepyData(2, 0.0), batch_size=1)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[guard], val_check_interval=6, num_sanity_val_steps=0)
+    trainer.fit(_ValidatingModule(device, 0.02), train, val)
+    assert device.syncs["item"] == 2 * 5  # validation ran 5 times inside the epoch
+    assert guard.snapshot is not None and len(guard.snapshot.device_step_s) >= 6
+    assert max(guard.snapshot.device_loop_idle_s) < 0.05
+    assert guard.metrics["loadguard/device_loop_idle_fraction"] < WAIT_OK
+
+
 def test_on_cpu_the_device_metrics_are_absent() -> None:
     guard, _ = _fit(None, 0.0, 0.0)
     assert "loadguard/step_ms" in guard.metrics
