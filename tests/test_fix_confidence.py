@@ -122,3 +122,41 @@ def test_other_containers_on_the_node_do_not_eat_this_processes_quota() -> None:
     use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=64, loop_cores=0.26, worker_cores=0.0, busy_cores=40.26)
     d = diagnose(_in_process(0.030, 0.010, 0.010, use))
     assert d.recommended == {"num_workers": 1} and d.certain is True
+
+
+def _workers_window(**fields: object) -> WindowSnapshot:
+    base: dict[str, object] = {
+        "wait_s": (0.0,) * 40,
+        "step_s": (0.05,) * 40,
+        "settings": LoaderSettings(num_workers=2, prefetch_factor=2),
+        "host": HostFacts(cpu_count=32, available_ram_bytes=10**12, shm_free_bytes=10**12),
+        "production_s": (0.01,) * 40,
+    }
+    return WindowSnapshot(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_each_verdict_recommends_loader_kwargs_and_says_whether_it_is_certain() -> None:
+    memory = diagnose(
+        _workers_window(
+            settings=LoaderSettings(num_workers=4, prefetch_factor=8),
+            host=HostFacts(cpu_count=32, available_ram_bytes=10**9, shm_free_bytes=10**12),
+            batch_bytes=20_000_000,
+        )
+    )
+    assert memory.verdict == "memory_risk" and memory.certain is True
+    assert memory.recommended == {"prefetch_factor": 6}  # 500 MB of RAM / 20 MB / 4 workers
+
+    restart = diagnose(_workers_window(epoch_start_s=(0.5, 0.5)), steps_per_epoch=40)
+    assert restart.verdict == "epoch_start_stall"
+    assert restart.recommended == {"persistent_workers": True} and restart.certain is True
+
+    kept = diagnose(
+        _workers_window(
+            epoch_start_s=(0.5, 0.5), settings=LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)
+        ),
+        steps_per_epoch=40,
+    )
+    assert kept.finding("epoch_start_stall") is not None and kept.recommended == {}
+
+    healthy = diagnose(_workers_window())
+    assert healthy.verdict == "compute_bound" and healthy.recommended == {} and healthy.certain is True

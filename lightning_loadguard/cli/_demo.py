@@ -1,4 +1,5 @@
-"""``loadguard demo``: a synthetic pipeline whose loader is slower than its step, trained with LoadGuard."""
+"""``loadguard demo``: a synthetic pipeline that loads each batch in the training process, in series with its
+step, trained with LoadGuard."""
 
 from __future__ import annotations
 
