@@ -198,6 +198,7 @@ def run(
         devices=case.get("devices", 1),
         strategy=case.get("strategy", "auto"),
         limit_train_batches=case.get("limit", 1.0),
+        reload_dataloaders_every_n_epochs=case.get("reload", 0),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=bool(callbacks),

@@ -349,3 +349,12 @@ def test_fit_without_larger_max_steps_from_a_truncated_epoch_is_refused(tmp_path
     trainer.save_checkpoint(ckpt)
     with pytest.raises(PositionMismatchError, match=r"2 batches into epoch 1, but the trainer starts a new epoch"):
         run(case, ckpt_in=ckpt)
+
+
+@pytest.mark.parametrize("stop_at", [3, 5, 8])
+def test_loaders_rebuilt_every_epoch_keep_the_position(stop_at: int, tmp_path: Path) -> None:
+    # reload_dataloaders_every_n_epochs=1 calls train_dataloader() again at every epoch start.
+    case = {"n": 20, "batch_size": 4, "epochs": 3, "seed": 7, "reload": 1, "workers": 1}
+    full, resumed = _resume(case, tmp_path, "step", stop_at)
+    assert resumed == full
+    assert full[:20] != full[20:40] != full[40:]
