@@ -57,6 +57,12 @@ run() {  # run NAME INJECT ARGS...: one pytest run; failed node ids go to $out/N
     local rc=$?
     sort -u -o "$out/$name.failed" "$out/$name.failed"
     echo "$name: $(tail -n 1 "$out/$name.log") (exit $rc; log $out/$name.log)"
+    # 1 means failed tests, and those are listed; anything else (124: cut by the timeout; 2-5: interrupted,
+    # internal or usage error, nothing collected) means the run did not complete.
+    if [ $rc -ne 0 ] && { [ $rc -ne 1 ] || [ ! -s "$out/$name.failed" ]; }; then
+        echo "lightning_suite.sh: the $name run did not complete (exit $rc); see its log" >&2
+        exit 2
+    fi
 }
 
 run with_loadguard 1 "${subset[@]}"
