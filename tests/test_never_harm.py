@@ -235,6 +235,18 @@ def test_persistent_workers_chosen_by_the_tuner_keep_every_epochs_order() -> Non
         assert tuned[epoch * 96 : (epoch + 1) * 96] == untuned[epoch * 96 : (epoch + 1) * 96], epoch
 
 
+def test_default_auto_tune_keeps_every_epochs_order() -> None:
+    def make() -> DataLoader:
+        return DataLoader(TimedDataset(480, sample_s=0.003), batch_size=4, shuffle=True, num_workers=1)
+
+    untuned, _ = train(make, None, epochs=3, module=TimedModule(step_s=0.004))
+    guard = LoadGuard(print_summary=False, auto_tune=True)
+    tuned, _ = train(make, guard, epochs=3, module=TimedModule(step_s=0.004))
+    assert guard.decision is not None and len(guard.decision.candidates) >= 2  # it switched settings mid-epoch
+    for epoch in range(3):
+        assert tuned[epoch * 480 : (epoch + 1) * 480] == untuned[epoch * 480 : (epoch + 1) * 480], epoch
+
+
 # -- LoadGuard's own failures stay LoadGuard's; the user's stay the user's --------------------------------
 
 
