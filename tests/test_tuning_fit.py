@@ -262,3 +262,18 @@ def test_a_killed_worker_during_a_probe_reverts_and_no_sample_is_lost() -> None:
     failures = [c.failed for c in decision.candidates if c.failed] + [decision.reason]
     assert any(re.search("exited unexpectedly|Connection reset", text) for text in failures), decision.table()
     assert tuned == untuned
+
+
+def test_a_short_epoch_says_what_would_tune_it_and_those_options_do() -> None:
+    # 40 steps an epoch: the default windows (12 steps, 8 of probing allowed) do not fit.
+    _, guard, _ = fit(io_bound(length=160), True, epochs=1)
+    assert guard.decision is None
+    message = next(m for m in guard.summary().splitlines() if "auto-tuning is off" in m)
+    code = message.split("LoadGuard(auto_tune=")[1].split("), which")[0]
+    options = eval(code, {"TuneOptions": TuneOptions})  # the message's own Python, as a user would paste it
+    order, guard, _ = fit(io_bound(length=160), options, epochs=1)
+    decision = guard.decision
+    assert decision is not None and len(decision.candidates) >= 2, message
+    assert decision.probe_steps <= decision.probe_budget_steps
+    untuned, _, _ = fit(io_bound(length=160), False, epochs=1)
+    assert order == untuned

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PROBE_SHARE = 0.2
 """Default share of epoch 0's steps that may run under probed (not yet proven) settings."""
@@ -110,3 +110,49 @@ class TuneOptions:
                 f"TuneOptions.tune_persistent_workers must be True or False, got {self.tune_persistent_workers!r}"
             )
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
+
+
+def _fits(options: TuneOptions, epoch_steps: int) -> bool:
+    budget = math.floor(options.probe_share * epoch_steps)
+    window = options.warmup_steps + options.window_for(budget)
+    return window <= budget and 2 * window <= epoch_steps
+
+
+def options_to_start(options: TuneOptions, epoch_steps: int) -> tuple[str, int] | None:
+    """What would let the tuner measure your settings and one candidate in an epoch of ``epoch_steps`` steps.
+
+    Returns the options as Python and the steps of each window they measure. Shorter windows first (they
+    keep the probe share), then a larger probe share; ``None`` if nothing does (an epoch under 10 steps).
+
+    Example:
+        >>> options_to_start(TuneOptions(), 57)
+        ('TuneOptions(warmup_steps=4, window_steps=6)', 10)
+        >>> options_to_start(TuneOptions(), 30)
+        ('TuneOptions(warmup_steps=2, window_steps=4)', 6)
+        >>> options_to_start(TuneOptions(), 14)
+        ('TuneOptions(warmup_steps=2, window_steps=4, probe_share=0.43)', 6)
+        >>> options_to_start(TuneOptions(), 8) is None
+        True
+    """
+    candidates = [
+        {"warmup_steps": w, "window_steps": n} for w in (options.warmup_steps, 2, 1) for n in (8, 6, 4)
+    ]
+    for extra in candidates:
+        trial = replace(options, **extra)
+        if _fits(trial, epoch_steps):
+            return _described(extra, trial)
+    for extra in candidates:
+        window = extra["warmup_steps"] + extra["window_steps"]
+        if 2 * window > epoch_steps:
+            continue
+        share = math.ceil(100 * window / epoch_steps) / 100
+        if share <= 0.5:
+            trial = replace(options, **extra, probe_share=share)
+            if _fits(trial, epoch_steps):
+                return _described({**extra, "probe_share": share}, trial)
+    return None
+
+
+def _described(extra: dict[str, float], trial: TuneOptions) -> tuple[str, int]:
+    args = ", ".join(f"{k}={v}" for k, v in extra.items())
+    return f"TuneOptions({args})", trial.warmup_steps + trial.window_for(0)

@@ -31,7 +31,7 @@ from lightning_loadguard.position.switch import (
 from lightning_loadguard.tuning import _trainer_access as access
 from lightning_loadguard.tuning.budget import Budget, host_budget
 from lightning_loadguard.tuning.decision import Measurement, Setting, TuneDecision, mean_or_none, profile
-from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.options import TuneOptions, options_to_start
 from lightning_loadguard.tuning.planner import Planner, model_only_decision
 
 if TYPE_CHECKING:
@@ -41,6 +41,14 @@ __all__ = ["TuneDecision", "TuneOptions", "TuningSession"]
 
 _STATE_VERSION = 1
 _WATCHED_STEPS = 3
+
+
+def _what_starts(options: TuneOptions, epoch_steps: int) -> str:
+    wanted = options_to_start(options, epoch_steps)
+    if wanted is None:
+        return "Epochs this short are not tuned: a smaller batch size gives more steps, or set the loader by hand."
+    code, window = wanted
+    return f"To tune it anyway: LoadGuard(auto_tune={code}), which measures windows of {window} steps (noisier)."
 
 
 def setting_of(loader: DataLoader) -> Setting:
@@ -180,7 +188,8 @@ class TuningSession:
             self._say(
                 f"auto-tuning is off: epoch 0 has {planner_steps} steps; measuring your settings and one candidate "
                 f"takes 2 x {window} steps, with at most {self._planner.budget_steps} steps of probing "
-                f"(probe_share={self.options.probe_share})."
+                f"(probe_share={self.options.probe_share}). "
+                + _what_starts(self.options, planner_steps)
             )
             return
         if not self._iterable:
