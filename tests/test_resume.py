@@ -288,8 +288,7 @@ def test_a_sampler_whose_order_cannot_be_reproduced_is_refused_before_training()
         run(case)
 
 
-@pytest.mark.parametrize("kind", ["dict", "list"])
-@pytest.mark.parametrize("stop_at", [2, 3, 5, 7])
+@pytest.mark.parametrize("kind,stop_at", [("dict", 2), ("list", 3), ("dict", 5), ("list", 7)])
 def test_several_train_loaders_resume_exactly(kind: str, stop_at: int, tmp_path: Path) -> None:
     # 20 and 10 samples, batch 4: 5 and 3 batches, the second loader cycled (its pass ends at steps 3, 6).
     case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7, "sampler": kind}

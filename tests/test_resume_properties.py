@@ -156,7 +156,7 @@ LAYOUT = {
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(**LAYOUT)
 # A crash on an epoch's last batch, then one mid-epoch and one at the next validation: the sequences that
