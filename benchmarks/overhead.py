@@ -158,7 +158,7 @@ class _OwnTime:
         make_timed = producer._timed
         own = self
 
-        def measuring(fetch: Callable[..., Any], counters: Any, row: int) -> Callable[..., Any]:
+        def measuring(fetch: Callable[..., Any], counters: Any, row: int, *rest: Any) -> Callable[..., Any]:
             inner = [0.0]
 
             def fetch_timed(*args: Any) -> Any:
@@ -168,7 +168,7 @@ class _OwnTime:
                 finally:
                     inner[0] = time.perf_counter() - start
 
-            timed = make_timed(fetch_timed, counters, row)
+            timed = make_timed(fetch_timed, counters, row, *rest)
 
             def outer(*args: Any) -> Any:
                 start = time.perf_counter()

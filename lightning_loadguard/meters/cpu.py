@@ -255,6 +255,10 @@ class CpuSampler:
     def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used since the previous sample, or ``None`` on the first call, when fewer than
         ``min_window_s`` seconds have passed (the window goes on), or when ``/proc`` cannot be read."""
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < min_window_s:
+            # Checked before reading: listing the workers reads /proc for every process on the host.
+            return None
         try:
             now = self._read()
         except (psutil.Error, OSError):

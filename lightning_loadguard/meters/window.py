@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from statistics import fmean
 
 from lightning_loadguard.meters.cpu import CpuUse
@@ -206,23 +207,24 @@ class WindowSnapshot:
     def mean_production_s(self) -> float | None:
         return fmean(self.production_s) if self.production_s else None
 
-    @property
+    @cached_property
     def cpu_share(self) -> float | None:
         """Share of a core the workers need while busy: 1 computes, near 0 waits on I/O.
 
         CPU time over busy time less the time spent queueing for a core, so that workers starved by too
-        few cores still count as computing.
+        few cores still count as computing; over the batches whose CPU time was sampled.
         """
         queued = self.production_queued_s or (0.0,) * len(self.production_cpu_s)
-        sampled = [
-            (busy - wait, cpu)
-            for busy, cpu, wait in zip(self.production_s, self.production_cpu_s, queued, strict=False)
-            if cpu == cpu  # NaN: not sampled
-        ]
-        busy = sum(b for b, _ in sampled)
+        busy = cpu_total = 0.0
+        sampled = False
+        for made, cpu, wait in zip(self.production_s, self.production_cpu_s, queued, strict=False):
+            if cpu == cpu:  # NaN: not sampled
+                busy += made - wait
+                cpu_total += cpu
+                sampled = True
         if not sampled or busy <= 0:
             return None
-        return min(1.0, sum(c for _, c in sampled) / busy)
+        return min(1.0, cpu_total / busy)
 
     @property
     def batch_cpu_s(self) -> float | None:
