@@ -1,0 +1,88 @@
+"""Every Lightning internal the package reads or writes is in the compatibility module, nowhere else.
+
+A Lightning internal is a private name (``_name``) that Lightning's own sources define: a method, a class,
+or an attribute its objects set on themselves (``trainer._checkpoint_connector``, ``fit_loop._combined_loader``,
+``epoch_loop._batches_that_stepped``), used as an attribute or spelled as a string (``getattr(x, "_name")``,
+a checkpoint key). Names torch's data loading also defines (``_iterator``, ``_get_iterator``) are torch's, and
+names the package defines on its own objects are its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import torch.utils.data
+
+from lightning_loadguard._lightning import pl
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_loadguard"
+SEAM = ("_lightning.py", "_lightning/")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_privates(root: Path) -> set[str]:
+    """Private names a source tree defines: functions, classes, module names, attributes set on self/cls."""
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_text())
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if _private(n)}
+
+
+def _lightning_internals() -> set[str]:
+    lightning = _defined_privates(Path(pl.__file__).parent)
+    torch_data = _defined_privates(Path(torch.utils.data.__file__).parent)
+    own = _defined_privates(PACKAGE)
+    return lightning - torch_data - own
+
+
+def _uses(path: Path, internals: set[str]) -> list[tuple[int, str]]:
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in internals:
+            hits.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in internals:
+            hits.append((node.lineno, repr(node.value)))
+    return hits
+
+
+def test_the_rule_finds_what_it_is_meant_to_find(tmp_path: Path) -> None:
+    internals = _lightning_internals()
+    assert {"_checkpoint_connector", "_combined_loader", "_batches_that_stepped", "_data_fetcher"} <= internals
+    assert "_iterator" not in internals  # torch's DataLoader attribute, not Lightning's
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(trainer):\n"
+        "    a = trainer._checkpoint_connector._loaded_checkpoint\n"
+        "    b = getattr(trainer.fit_loop, '_combined_loader', None)\n"
+        "    return a, b, trainer.train_dataloader._iterator\n"
+    )
+    found = sorted(name for _, name in _uses(sample, internals))
+    assert found == ["'_combined_loader'", "_checkpoint_connector", "_loaded_checkpoint"]
+
+
+def test_the_internals_read_exist_in_the_installed_lightning() -> None:
+    """What ``_lightning`` says it reads is there in this Lightning (CI runs each supported version)."""
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu")
+    fit_loop = trainer.fit_loop
+    assert callable(getattr(type(fit_loop), "_load_combined_loader_states", None))
+    assert hasattr(fit_loop, "_combined_loader") and hasattr(fit_loop, "_data_fetcher")
+    assert isinstance(fit_loop.epoch_loop._batches_that_stepped, int)
+    assert hasattr(trainer._checkpoint_connector, "_loaded_checkpoint")
+    source = inspect.getsource(type(fit_loop.epoch_loop))
+    assert '].train_dataloader_next"' in source and type(fit_loop.epoch_loop).__name__ == "_TrainingEpochLoop"
