@@ -36,6 +36,24 @@ if TYPE_CHECKING:
 
 _NAN = float("nan")
 _PRODUCER_WINDOWS = 4
+
+DEFAULT_WINDOW = 100
+"""The longest default window (steps), and the window where the epoch's length is unknown."""
+
+MIN_WINDOW = 10
+"""The shortest default window (steps): fewer steps say more about noise than about the loader."""
+
+
+def adaptive_window(steps_per_epoch: float) -> int:
+    """The default window for an epoch of ``steps_per_epoch`` steps: half of it, within 10 and 100 steps.
+
+    Example:
+        >>> adaptive_window(57), adaptive_window(1000), adaptive_window(12), adaptive_window(float("inf"))
+        (28, 100, 10, 100)
+    """
+    if not math.isfinite(steps_per_epoch) or steps_per_epoch <= 0:
+        return DEFAULT_WINDOW
+    return max(MIN_WINDOW, min(DEFAULT_WINDOW, int(steps_per_epoch) // 2))
 _FETCH_TIMING = "timing the training loop's fetch"
 _STEP_TIMING = "timing the training step"
 
@@ -68,8 +86,11 @@ class LoadGuard(_pl.Callback):
     summary (also without any logger).
 
     Args:
-        window: steps in the rolling window the figures are computed over.
-        log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``.
+        window: steps in the rolling window the figures are computed over; ``None`` (the default): half an
+            epoch, at least 10 and at most 100 steps, so that the first figures arrive within the first epoch
+            whatever its length.
+        log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``. Besides, the
+            first full window is logged as soon as it is full.
         print_summary: print the diagnosis after the first epoch and the summary table at the end of fit
             (on global rank 0).
         auto_tune: ``True``, a :class:`~lightning_loadguard.tuning.options.TuneOptions`, or ``False``: choose
@@ -91,13 +112,16 @@ class LoadGuard(_pl.Callback):
 
     def __init__(
         self,
-        window: int = 100,
+        window: int | None = None,
         log_every_n_steps: int | None = None,
         print_summary: bool = True,
         auto_tune: bool | TuneOptions = False,
     ) -> None:
-        if not isinstance(window, int) or isinstance(window, bool) or window < 2:
-            raise ValueError(f"`window` must be an integer >= 2 (steps in the rolling window), got {window!r}.")
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 2):
+            raise ValueError(
+                f"`window` must be None (adapt to the epoch) or an integer >= 2 (steps in the rolling window), "
+                f"got {window!r}."
+            )
         if log_every_n_steps is not None and (
             not isinstance(log_every_n_steps, int) or isinstance(log_every_n_steps, bool) or log_every_n_steps < 1
         ):
@@ -113,14 +137,15 @@ class LoadGuard(_pl.Callback):
 
             if not isinstance(auto_tune, (bool, TuneOptions)):
                 raise ValueError(f"`auto_tune` must be True, False or a TuneOptions, got {auto_tune!r}.")
-        self.window = window
+        self._window_given = window is not None
+        self.window = window if window is not None else DEFAULT_WINDOW
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
-        self._consumer = ConsumerMeter(window)
+        self._consumer = ConsumerMeter(self.window)
         self._timeline: DeviceTimeline | None = None
         # Production is averaged over more batches than the steps' window: a burst every few dozen batches
         # would otherwise swing the capacity by a burst's share of the window.
-        self._producer = ProducerMeter(_PRODUCER_WINDOWS * window)
+        self._producer = ProducerMeter(_PRODUCER_WINDOWS * self.window)
         self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._on_fetch_observed, self._switch_off)
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
@@ -278,12 +303,25 @@ class LoadGuard(_pl.Callback):
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not self._window_given:
+            self._adapt_window(trainer.num_training_batches)
         if self._loader is None:
             # Without the pre-iterator hook the first iterator already exists: the next one is measured.
             self._on_loaders_ready(_pl.train_loaders(trainer))
         self._add_dashboard(trainer)
         # The host's CPU is read once per logged window, from here on.
         self._guarded("measuring the host's CPU use", self._cpu.sample)
+
+    def _adapt_window(self, steps_per_epoch: float) -> None:
+        """The default window: half an epoch, within ``MIN_WINDOW`` and ``DEFAULT_WINDOW`` steps."""
+        window = adaptive_window(steps_per_epoch)
+        if window == self.window:
+            return
+        self.window = window
+        self._consumer.resize(window)
+        self._producer.resize(_PRODUCER_WINDOWS * window)
+        if self._timeline is not None:
+            self._timeline.resize(window)
 
     def _fetch_timing_profiler(self, inner: Any) -> _pl.FetchTimingProfiler:
         return _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop)
@@ -397,9 +435,12 @@ class LoadGuard(_pl.Callback):
     # -- figures ---------------------------------------------------------------------------------------
 
     def _should_log(self, trainer: Any) -> bool:
+        step = _pl.log_step(trainer) + 1
+        if step == self.window:
+            return True  # the first full window, early in a run whatever the logging cadence
         if self.log_every_n_steps is None:
             return _pl.should_log(trainer)
-        return (_pl.log_step(trainer) + 1) % self.log_every_n_steps == 0
+        return step % self.log_every_n_steps == 0
 
     def _local_snapshot(self, trainer: Any) -> WindowSnapshot:
         self._producer.poll()

@@ -172,3 +172,29 @@ def test_a_failing_meter_is_reported_once_and_training_goes_on(monkeypatch: pyte
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ValueError, match=f"`{name}`"):
         LoadGuard(**kwargs)
+
+
+def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
+    from lightning.pytorch.loggers import Logger
+
+    class Steps(Logger):
+        name, version = "steps", "0"
+        logged: list[int] = []
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            if "loadguard/wait_fraction" in metrics and step is not None:
+                self.logged.append(step)
+
+        def log_hyperparams(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    # 57 steps an epoch (1800 samples, batch 32 in the report; here 228 samples, batch 4) and the trainer's
+    # default log_every_n_steps=50: the default window adapts to 28 steps and is logged when full.
+    guard = LoadGuard(print_summary=False)
+    logger = Steps()
+    trainer = quiet_trainer(max_epochs=2, logger=logger)
+    trainer.callbacks.append(guard)
+    trainer.fit(TimedModule(0.001, record=False), timed_loader(TimedDataset(228, sample_s=0.0), batch_size=4))
+    assert guard.window == 28
+    assert logger.logged and logger.logged[0] < 57
+    assert LoadGuard(window=7).window == 7  # an explicit window is kept

@@ -95,6 +95,12 @@ class ConsumerMeter:
     def records(self) -> list[StepRecord]:
         return list(self._records)
 
+    def resize(self, window: int) -> None:
+        """Keep the latest ``window`` steps from now on (the window adapts to the epoch's length)."""
+        if window < 1:
+            raise ValueError(f"`window` must be a positive number of steps, got {window!r}.")
+        self._records = deque(self._records, maxlen=window)
+
     def clear(self) -> None:
         """Forget the window (the loader changed); lifetime totals are kept."""
         self._records.clear()

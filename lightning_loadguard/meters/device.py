@@ -134,6 +134,12 @@ class DeviceTimeline:
         self.total_step_s = 0.0
         self.total_idle_s = 0.0
 
+    def resize(self, window: int) -> None:
+        """Keep the latest ``window`` device steps from now on."""
+        if window < 1:
+            raise ValueError(f"`window` must be a positive number of steps, got {window!r}.")
+        self._records = deque(self._records, maxlen=window)
+
     # -- marks on the host's timeline ----------------------------------------------------------------
 
     def fetch_started(self) -> None:

@@ -283,6 +283,14 @@ class ProducerMeter:
         self.total_batches = 0
         self.total_busy_s = 0.0
 
+    def resize(self, window: int) -> None:
+        """Keep the latest ``window`` batches from now on."""
+        if window < 1:
+            raise ValueError(f"`window` must be a positive number of batches, got {window!r}.")
+        self._durations = deque(self._durations, maxlen=window)
+        self._cpu = deque(self._cpu, maxlen=window)
+        self._queued = deque(self._queued, maxlen=window)
+
     @property
     def counters(self) -> ProducerCounters | None:
         return self._counters
