@@ -16,6 +16,7 @@ from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard._patches import Patches
+from lightning_loadguard._warnings import LoadGuardWarning
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.consumer import ConsumerMeter
@@ -183,7 +184,7 @@ class LoadGuard(_pl.Callback):
     def _say_once(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
-            rank_zero_warn(f"LoadGuard: {message}")
+            rank_zero_warn(f"LoadGuard: {message}", category=LoadGuardWarning)
 
     def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
         """Run a measurement step; a failure is reported once and never reaches the training run."""
@@ -198,7 +199,8 @@ class LoadGuard(_pl.Callback):
     def _switch_off(self, what: str, err: Exception) -> None:
         """LoadGuard's own ``what`` failed: say so once and skip it from now on."""
         frames = traceback.extract_tb(err.__traceback__)
-        where = f", at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        # The function, not the file: a user reports it; a path into the package tells them nothing.
+        where = f", in {frames[-1].name}" if frames else ""
         if frames or not str(err):
             self._say_once(
                 f"{what} failed and is skipped from now on ({type(err).__name__}: {err}{where}). "

@@ -198,3 +198,23 @@ def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
     assert guard.window == 28
     assert logger.logged and logger.logged[0] < 57
     assert LoadGuard(window=7).window == 7  # an explicit window is kept
+
+
+def test_warnings_read_as_sentences_without_internal_file_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_loadguard.callback as callback_module
+
+    def broken(batch: Any) -> int:
+        raise RuntimeError("cannot size this batch")
+
+    monkeypatch.setattr(callback_module, "batch_nbytes", broken)
+    guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(guard).fit(TimedModule(), timed_loader(TimedDataset(16), 4))
+    ours = [w for w in caught if "LoadGuard" in str(w.message)]
+    assert ours
+    for w in ours:
+        shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+        assert ".py" not in shown and "lightning_loadguard" not in shown, shown
+        assert shown.startswith("LoadGuardWarning: LoadGuard: ")
+    assert "in broken" in str(ours[0].message)

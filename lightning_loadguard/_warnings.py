@@ -1,0 +1,28 @@
+"""LoadGuard's warnings: their own category, shown as a sentence without the internal file and line.
+
+Python shows a warning with the file and line that raised it; for LoadGuard's messages that is a line inside
+this package, which tells a user nothing. :class:`LoadGuardWarning` is shown as ``LoadGuardWarning: ...``;
+every other warning keeps the format in place before (Lightning installs its own), and filters work as usual
+(``warnings.filterwarnings("ignore", category=LoadGuardWarning)``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+class LoadGuardWarning(UserWarning):
+    """A measurement LoadGuard cannot make, a setting it cannot tune, or advice worth a warning."""
+
+
+_previous = warnings.formatwarning
+
+
+def _format(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    if isinstance(category, type) and issubclass(category, LoadGuardWarning):
+        return f"{category.__name__}: {message}\n"
+    return _previous(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _format  # type: ignore[assignment]
