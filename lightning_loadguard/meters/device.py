@@ -4,21 +4,22 @@ On an asynchronous device (CUDA) the host queues kernels and moves on, so the ho
 was *launched*, not when it ran. This meter records a timing event on the training stream at four points of
 every step and reads the device's timestamps once the device has passed them:
 
-=====  ==============================================  ==========================================
-event  recorded on the host                            reached on the device
-=====  ==============================================  ==========================================
-``F``  the loop starts fetching its batch              when everything queued before is done
-``S``  the batch is in hand (before the copy)          when ``F`` is passed and ``S`` was launched
-``C``  the batch is on the device (``batch_to_device``)  when the copy ran
-``E``  the step's work is launched (batch end)         when the step's kernels ran
-=====  ==============================================  ==========================================
+=====  ================================================  ==========================================
+event  recorded on the host                              reached on the device
+=====  ================================================  ==========================================
+``F``  the loop starts fetching its batch                when everything queued before is done
+``S``  the batch is in hand (before the copy)            when ``F`` is passed and ``S`` was launched
+``C``  Lightning's ``batch_to_device`` has returned      when the copy ran
+``E``  the step's work is launched (batch end)           when the step's kernels ran
+=====  ================================================  ==========================================
 
 Nothing is launched between ``F`` and ``S`` (the host is inside the fetch), so ``elapsed(F, S)`` is exactly
-the time the device sat idle while the host waited for data: the **loader's** idle. ``elapsed(E, F')`` from
-one step's end to the next fetch is the time the host spent on other things (callbacks, logging, a
-synchronising ``.item()``) that the device could not fill: the **loop's** idle. ``elapsed(S, E)`` is the
-device step time, and ``elapsed(S, C)`` the copy to the device as the device executed it. The four spans
-of a step add up to the device's period ``elapsed(E, E')``.
+the part of the host's wait for data that the device could not fill with queued work: the **loader's**
+idle. ``elapsed(E, F')`` from one step's end to the next fetch is the part of the host's other work
+(callbacks, logging, a synchronising ``.item()``) that the device could not fill: the **loop's** idle (an
+upper bound: device work launched in that span, by a later callback, counts in it too).
+``elapsed(S, E)`` is the device step time, and ``elapsed(S, C)`` within it the copy to the device as the
+device ran it. Loop idle, data idle and device step add up to the device's period ``elapsed(E, E')``.
 
 Events come from a factory (``torch.cuda.Event(enable_timing=True)`` on CUDA, a simulated device in the
 tests) and are recycled from a small pool. The meter never waits for the device: it asks ``query()`` once
@@ -198,6 +199,11 @@ class DeviceTimeline:
         self._records.clear()
 
     @property
+    def events_made(self) -> int:
+        """Timing events created so far: the pool's size."""
+        return self._made
+
+    @property
     def lag_steps(self) -> int:
         """Closed steps the device has not passed yet: how far the host runs ahead, at least."""
         return len(self._pending)
@@ -250,11 +256,6 @@ class DeviceTimeline:
             self.total_step_s += record.step_s
             self.total_idle_s += record.idle_s
         self._release(anchor)
-
-    @property
-    def events_made(self) -> int:
-        """Timing events created so far: the pool's size."""
-        return self._made
 
 
 def cuda_events(device: Any) -> Callable[[], DeviceEvent] | None:
