@@ -249,7 +249,10 @@ class LoadGuard(_pl.Callback):
 
     def _loader_changed(self, loader: Any) -> None:
         """The loader's settings were changed in place: start the windows afresh for the new settings."""
-        self._settings = _settings_of(loader)
+        before, self._settings = self._settings, _settings_of(loader)
+        trainer = self._trainer() if self._trainer is not None else None
+        if trainer is not None and self._settings != before:
+            self._guarded("marking the loader's switch", self._mark_switch, trainer, before)
         self._consumer.clear()
         if self._timeline is not None:
             # The switch restarts the workers between two steps: that gap is not the loop's.
@@ -567,6 +570,9 @@ class LoadGuard(_pl.Callback):
         if not log:
             return
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
+        # The settings the window ran with: where the auto-tuner switched, this line steps.
+        metrics["loadguard/num_workers"] = float(self._settings.num_workers)
+        metrics["loadguard/prefetch_factor"] = float(self._settings.prefetch_factor or 0)
         step = _pl.log_step(trainer)
         for logger in trainer.loggers:
             # The logger's own call: its failure reaches the user exactly as a Lightning-logged metric's would.
@@ -591,6 +597,20 @@ class LoadGuard(_pl.Callback):
         if not self._history or now - self._history[-1][0] >= self.window:
             stripped = replace(snapshot, production_s=(), production_cpu_s=(), production_queued_s=())
             self._history.append((now, stripped))
+
+    def _mark_switch(self, trainer: Any, before: LoaderSettings) -> None:
+        """A text marker at the step where the loader's settings changed (TensorBoard's Text tab)."""
+        if trainer.global_rank != 0:
+            return
+        now = self._settings
+        text = (
+            f"step {_pl.log_step(trainer)}: num_workers {before.num_workers} -> {now.num_workers}, "
+            f"prefetch_factor {before.prefetch_factor or '-'} -> {now.prefetch_factor or '-'}"
+        )
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if type(logger).__name__ == "TensorBoardLogger" and hasattr(experiment, "add_text"):
+                experiment.add_text("loadguard/loader_settings", text, global_step=_pl.log_step(trainer))
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
         diagnosis = self.diagnosis

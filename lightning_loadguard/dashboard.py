@@ -30,6 +30,9 @@ METRICS: dict[str, str] = {
     "loadguard/device_transfer_ms": "mean copy of the batch to the accelerator, on its clock (ms)",
     "loadguard/gpu_util": "accelerator utilization from NVML (0..1), only where measurable",
     "loadguard/worst_rank": "the rank with the highest wait fraction (distributed runs only)",
+    "loadguard/num_workers": "the train loader's num_workers during the window: a step where the auto-tuner "
+    "switched settings",
+    "loadguard/prefetch_factor": "the train loader's prefetch_factor during the window (0 without workers)",
 }
 """The public metric names with their meaning and unit.
 
@@ -44,35 +47,31 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
 
     Example:
         >>> sorted(custom_scalars_layout()["LoadGuard"])[0]
-        'Batches per second: producer capacity, consumer rate, throughput'
+        "1. Steps/s: achieved (throughput) vs the step's own rate (consumer_rate); the gap is data wait"
     """
+    # One question per chart, its lines named in the title: TensorBoard draws a chart's lines in colours
+    # that only its tooltip names, so a chart of three rates reads as one. Fractions and memory are charted
+    # in the units that show a change (a share of a huge budget is a flat line at zero).
     return {
         "LoadGuard": {
-            "Batches per second: producer capacity, consumer rate, throughput": [
+            "1. Steps/s: achieved (throughput) vs the step's own rate (consumer_rate); the gap is data wait": [
                 "Multiline",
-                ["loadguard/producer_rate", "loadguard/consumer_rate", "loadguard/throughput"],
+                ["loadguard/throughput", "loadguard/consumer_rate"],
             ],
-            "Data wait fraction and readiness": [
+            "2. Can the loader keep up? Its capacity (producer_rate) vs the step's rate, batches/s": [
                 "Multiline",
-                ["loadguard/wait_fraction", "loadguard/ready_fraction", "loadguard/gpu_util"],
+                ["loadguard/producer_rate", "loadguard/consumer_rate"],
             ],
-            "In-flight batch memory: share of the host budget (RAM or /dev/shm)": [
+            "3. Share of loop time waiting for data (0..1)": ["Multiline", ["loadguard/wait_fraction"]],
+            "4. Loader settings: num_workers, prefetch_factor (a step where the tuner switched)": [
                 "Multiline",
-                ["loadguard/inflight_budget_fraction"],
+                ["loadguard/num_workers", "loadguard/prefetch_factor"],
             ],
-            "In-flight batch memory and host budgets (MB)": [
+            "5. Share of fetches whose batch was ready (0..1), accelerator utilization": [
                 "Multiline",
-                ["loadguard/inflight_host_mb", "loadguard/host_available_mb", "loadguard/shm_free_mb"],
+                ["loadguard/ready_fraction", "loadguard/gpu_util"],
             ],
-            "Device idle between steps (accelerators): total, waiting for data, waiting for the loop": [
-                "Multiline",
-                [
-                    "loadguard/device_idle_fraction",
-                    "loadguard/device_data_idle_fraction",
-                    "loadguard/device_loop_idle_fraction",
-                ],
-            ],
-            "Step anatomy (ms)": [
+            "6. Step anatomy (ms)": [
                 "Multiline",
                 [
                     "loadguard/data_wait_ms",
@@ -82,6 +81,19 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                     "loadguard/device_step_ms",
                     "loadguard/device_transfer_ms",
                 ],
+            ],
+            "7. Device idle between steps (accelerators): total, waiting for data, waiting for the loop": [
+                "Multiline",
+                [
+                    "loadguard/device_idle_fraction",
+                    "loadguard/device_data_idle_fraction",
+                    "loadguard/device_loop_idle_fraction",
+                ],
+            ],
+            "8. Batch memory in flight on the host (MB)": ["Multiline", ["loadguard/inflight_host_mb"]],
+            "9. Host memory left: available RAM and free /dev/shm (MB)": [
+                "Multiline",
+                ["loadguard/host_available_mb", "loadguard/shm_free_mb"],
             ],
         }
     }

@@ -147,6 +147,8 @@ def metric_unit(name: str) -> str:
         return "0..1"
     if short.endswith("_rate") or short == "throughput":
         return "batches/s"
+    if short in ("num_workers", "prefetch_factor"):
+        return "setting"
     return "rank" if short == "worst_rank" else ""
 
 

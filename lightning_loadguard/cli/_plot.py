@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from lightning_loadguard.cli import CommandError
@@ -9,10 +10,25 @@ from lightning_loadguard.cli._runs import PREFIX, RunLog
 
 RATES = ("loadguard/producer_rate", "loadguard/consumer_rate", "loadguard/throughput")
 FRACTIONS = ("loadguard/wait_fraction", "loadguard/ready_fraction")
+WORKERS = "loadguard/num_workers"
+
+
+def switches(run: RunLog) -> list[tuple[float, str]]:
+    """The steps where the loader's ``num_workers`` changed (the auto-tuner's switches), with a label."""
+    if WORKERS not in run.scalars:
+        return []
+    s = run.scalars[WORKERS]
+    pairs = list(zip(s.steps, s.values, strict=False))
+    return [
+        (step, f"workers {int(before)} -> {int(value)}")
+        for (_, before), (step, value) in itertools.pairwise(pairs)
+        if value != before
+    ]
 
 
 def plot_run(run: RunLog, out: str | Path) -> Path:
-    """Draw producer capacity, consumer rate, throughput and wait fraction over steps into an image file.
+    """Draw producer capacity, consumer rate, throughput and wait fraction over steps into an image file, with a
+    dashed line where the loader's settings switched.
 
     Raises:
         CommandError: matplotlib is not installed, the run has none of the plotted metrics, or ``out``
@@ -43,6 +59,10 @@ def plot_run(run: RunLog, out: str | Path) -> Path:
             if tag in run.scalars:
                 s = run.scalars[tag]
                 axes.plot(s.steps, s.values, marker=".", label=tag.removeprefix(PREFIX))
+        for step, label in switches(run):
+            axes.axvline(step, color="grey", linestyle="--", linewidth=1)
+            if axes is rates:
+                axes.annotate(label, (step, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
         axes.legend(loc="best")
         axes.grid(alpha=0.3)
     rates.set_ylabel("batches / s")
