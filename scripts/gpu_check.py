@@ -212,7 +212,9 @@ def check(backend: Backend, steps: int) -> int:
             accelerator=backend.accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
             enable_model_summary=False, enable_checkpointing=False, callbacks=[guard, *extra, clock],
         )
-        trainer.fit(Module(), torch.utils.data.DataLoader(Data(sleep), batch_size=1))
+        # Pinned batches: Lightning's non_blocking copy is then queued like a kernel and never holds the host.
+        pin = backend.accelerator == "cuda"
+        trainer.fit(Module(), torch.utils.data.DataLoader(Data(sleep), batch_size=1, pin_memory=pin))
         verdict = guard.diagnosis.verdict if guard.diagnosis is not None else None
         return guard.metrics, verdict, max(0.0, 1.0 - step_s / clock.period(window))
 
