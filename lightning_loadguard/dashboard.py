@@ -63,10 +63,7 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                 ["loadguard/producer_rate", "loadguard/consumer_rate"],
             ],
             "3. Share of loop time waiting for data (0..1)": ["Multiline", ["loadguard/wait_fraction"]],
-            "4. Loader settings: num_workers, prefetch_factor (a step where the tuner switched)": [
-                "Multiline",
-                ["loadguard/num_workers", "loadguard/prefetch_factor"],
-            ],
+            "4. The loader's num_workers (a step where the tuner switched)": ["Multiline", ["loadguard/num_workers"]],
             "5. Share of fetches whose batch was ready (0..1), accelerator utilization": [
                 "Multiline",
                 ["loadguard/ready_fraction", "loadguard/gpu_util"],

@@ -8,7 +8,8 @@
 # Needs: the `loadguard` and `tensorboard` programs (pip install -e .) and headless Chromium
 # (Debian/Ubuntu: apt-get install -y chromium). TensorBoard listens on 127.0.0.1 only and is stopped on exit.
 # Environment: PORT (default: a free port), WINDOW (default 1300,760), RENDER_MS (default 15000: the virtual
-# time Chromium gives the page to load its data and draw the charts before the picture is taken).
+# time Chromium gives the page to load its data and draw the charts before the picture is taken). The page
+# opens without smoothing and without ignoring outliers, so a jump (the tuner's switch) shows at full height.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +57,6 @@ mkdir -p "$(dirname "$out")"
 "$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync --hide-scrollbars \
   --user-data-dir="$work/chromium" --window-size="$window" --virtual-time-budget="$render_ms" \
-  --screenshot="$(realpath -m "$out")" "http://127.0.0.1:$port/#custom_scalars" >"$work/chromium.log" 2>&1 \
+  --screenshot="$(realpath -m "$out")" "http://127.0.0.1:$port/#custom_scalars&_smoothingWeight=0&_ignoreYOutliers=false" >"$work/chromium.log" 2>&1 \
   || { cat "$work/chromium.log" >&2; exit 1; }
 echo "saved $out"

@@ -103,3 +103,11 @@ def test_provisional_windows_are_reported_as_they_are() -> None:
     assert stable.update(starved, settled=False) is starved
     assert stable.update(healthy) is healthy  # the first full window replaces a provisional one at once
     assert stable.update(starved) is healthy
+
+
+def test_a_window_restarted_after_a_switch_holds_like_any_other() -> None:
+    stable = StableDiagnosis()
+    starved, healthy = diagnose(_in_process(0.05)), diagnose(_in_process(0.0005))
+    stable.update(healthy)
+    assert stable.update(starved, settled=False) is healthy  # after the first full window: no shortcut
+    assert stable.changes == 1

@@ -109,13 +109,16 @@ class StableDiagnosis:
 
         Args:
             raw: this window's diagnosis.
-            settled: ``False`` while the window is not yet full (the run's first steps): such a diagnosis
-                is provisional, reported as it is, and the first settled one replaces it without a hold.
+            settled: ``False`` while the window is not yet full: in the run's first steps such a diagnosis is
+                provisional, reported as it is, and the first settled one replaces it without a hold; later
+                (a window restarted after a switch of settings) it needs the hold like any other.
             closing: a closing report (an epoch's or the run's end): under the verdict that held, the advice
                 comes from the most data, this window's; the verdict itself still needs the hold.
         """
         self.changed = False
-        if self.spoken is None or not settled or not self._settled:
+        if self.spoken is None or not self._settled:
+            # Before the first full window the figures are provisional and reported as they come; after it, a
+            # window cut short (the loader switched settings and its window restarted) holds like any other.
             self._settled = settled
             if self.spoken is not None and _advice(raw) == _advice(self.spoken):
                 self.spoken = raw
