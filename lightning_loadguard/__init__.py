@@ -8,10 +8,11 @@ Example:
     >>> guard = LoadGuard(window=50, auto_tune=TuneOptions(probe_share=0.1))
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lightning_loadguard._moved import moved_names
-from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
-from lightning_loadguard.datamodule import ResumableLoaderMixin
 from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Finding
 from lightning_loadguard.position import LoaderPosition, PositionMismatchError
 from lightning_loadguard.tuning import TuneDecision, TuneOptions
@@ -31,9 +32,17 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from lightning_loadguard.callback import LoadGuard
+    from lightning_loadguard.datamodule import ResumableLoaderMixin
+
+# The Lightning adapters load on first use, so that the framework-agnostic core (meters, model, position,
+# tuning) imports without Lightning.
+_ADAPTERS = {"LoadGuard": "lightning_loadguard.callback", "ResumableLoaderMixin": "lightning_loadguard.datamodule"}
+
 _MEASUREMENT = "the type of LoadGuard.snapshot's raw measurements is internal and changes with the meters"
 # Exported here in 0.1.0.
-__getattr__ = moved_names(
+_moved = moved_names(
     __name__,
     {
         "HostFacts": ("lightning_loadguard.meters.window:HostFacts", _MEASUREMENT),
@@ -41,3 +50,11 @@ __getattr__ = moved_names(
         "WindowSnapshot": ("lightning_loadguard.meters.window:WindowSnapshot", _MEASUREMENT),
     },
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ADAPTERS:
+        value = getattr(importlib.import_module(_ADAPTERS[name]), name)
+        globals()[name] = value
+        return value
+    return _moved(name)

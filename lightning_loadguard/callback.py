@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_loadguard import _lightning as _pl
@@ -19,24 +18,20 @@ from lightning_loadguard._patches import Patches
 from lightning_loadguard._warnings import LoadGuardWarning
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
-from lightning_loadguard.meters.consumer import ConsumerMeter
-from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
-from lightning_loadguard.meters.device import DeviceEvent, DeviceTimeline, cuda_events
-from lightning_loadguard.meters.host import batch_nbytes, host_facts, host_key
-from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import ProducerMeter
-from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
-from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
+from lightning_loadguard.meters.device import DeviceEvent, cuda_events
+from lightning_loadguard.meters.host import host_key
+from lightning_loadguard.meters.monitor import LoaderMonitor
+from lightning_loadguard.meters.ranks import RankFigures, rank_figures
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.model.stable import StableDiagnosis
 from lightning_loadguard.report import format_summary, plain_text
 
 if TYPE_CHECKING:
-    from lightning_loadguard.tuning.session import TuneDecision, TuneOptions, TuningSession
-
-_NAN = float("nan")
-_PRODUCER_WINDOWS = 4
+    from lightning_loadguard._tuner_adapter import TunerAdapter
+    from lightning_loadguard.tuning import TuneDecision, TuneOptions
 
 DEFAULT_WINDOW = 100
 """The longest default window (steps), and the window where the epoch's length is unknown."""
@@ -57,17 +52,6 @@ def adaptive_window(steps_per_epoch: float) -> int:
     return max(MIN_WINDOW, min(DEFAULT_WINDOW, int(steps_per_epoch) // 2))
 _FETCH_TIMING = "timing the training loop's fetch"
 _STEP_TIMING = "timing the training step"
-
-
-def _settings_of(loader: Any) -> LoaderSettings:
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    return LoaderSettings(
-        num_workers=workers,
-        prefetch_factor=getattr(loader, "prefetch_factor", None) if workers > 0 else None,
-        persistent_workers=bool(getattr(loader, "persistent_workers", False)),
-        pin_memory=bool(getattr(loader, "pin_memory", False)),
-        batch_size=getattr(loader, "batch_size", None),
-    )
 
 
 def _print_on_rank_zero(trainer: Any, text: str) -> None:
@@ -134,7 +118,8 @@ class LoadGuard(_pl.Callback):
             raise ValueError(f"`print_summary` must be True or False, got {print_summary!r}.")
         if auto_tune is not False:
             # Imported only when asked for: a plain LoadGuard never loads the tuner.
-            from lightning_loadguard.tuning.session import TuneOptions, TuningSession
+            from lightning_loadguard._tuner_adapter import TunerAdapter
+            from lightning_loadguard.tuning import TuneOptions
 
             if not isinstance(auto_tune, (bool, TuneOptions)):
                 raise ValueError(f"`auto_tune` must be True, False or a TuneOptions, got {auto_tune!r}.")
@@ -142,33 +127,23 @@ class LoadGuard(_pl.Callback):
         self.window = window if window is not None else DEFAULT_WINDOW
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
-        self._consumer = ConsumerMeter(self.window)
-        self._timeline: DeviceTimeline | None = None
-        # Production is averaged over more batches than the steps' window: a burst every few dozen batches
-        # would otherwise swing the capacity by a burst's share of the window.
-        self._producer = ProducerMeter(_PRODUCER_WINDOWS * self.window)
-        self._probe = LoaderProbe(self._producer, self._on_epoch_start, self._on_fetch_observed, self._switch_off)
-        self._epoch_start_s: deque[float] = deque(maxlen=16)
-        self._loader: Any = None
-        self._settings = LoaderSettings()
-        self._producer_instrumented = False
-        self._batch_bytes: int | None = None
+        self._monitor = LoaderMonitor(self.window, guarded=self._guarded, on_error=self._switch_off)
+        self._monitor.on_settings_changed = self._settings_changed
+        self._ranks = RankFigures()
         self._measure_batch = True
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
-        self._cpu = CpuSampler()
-        self._cpu_use: CpuUse | None = None
         self._said: set[str] = set()
         self._switched_off: set[str] = set()
         self._host_key = float(host_key())
-        self._processes_on_host = 1
         # Weak: a callback that holds its trainer would make every copy or pickle of the callbacks carry it.
         self._trainer: weakref.ref[Any] | None = None
         self._patches = Patches()
         self.auto_tune = auto_tune
-        self._tuner: TuningSession | None = None
+        self._tuner: TunerAdapter | None = None
         if auto_tune is not False:
-            self._tuner = TuningSession(TuneOptions() if auto_tune is True else auto_tune, self)
+            options = TuneOptions() if auto_tune is True else auto_tune
+            self._tuner = TunerAdapter(options, self._monitor, self._say_once)
         self.metrics: dict[str, float] = {}
         """The figures of the latest logging step, by metric name."""
         self.snapshot: WindowSnapshot | None = None
@@ -210,30 +185,18 @@ class LoadGuard(_pl.Callback):
             self._say_once(f"{err}.")
         self._switched_off.add(what)
 
-    def _on_epoch_start(self, seconds: float) -> None:
-        self._epoch_start_s.append(seconds)
-
-    def _on_fetch_observed(self, ready: bool | None, level: int | None, startup_s: float) -> None:
-        self._consumer.fetch_observed(ready, level, startup_s)
-        if startup_s > 0 and self._epoch_start_s:
-            self._epoch_start_s[-1] += startup_s
-
     def _on_fetch_start(self, now: float) -> None:
         # On the training loop's fetch path: nothing LoadGuard computes may reach it (nor end an epoch).
         if _FETCH_TIMING not in self._switched_off:
             try:
-                self._consumer.fetch_started(now)
+                self._monitor.fetch_started(now)
             except Exception as err:
                 self._switch_off(_FETCH_TIMING, err)
-        if self._timeline is not None:
-            self._guarded("measuring the device timeline", self._timeline.fetch_started)
 
     def _on_fetch_stop(self, now: float) -> None:
-        if self._timeline is not None:
-            self._guarded("measuring the device timeline", self._timeline.fetch_finished)
         if _FETCH_TIMING not in self._switched_off:
             try:
-                self._consumer.fetch_finished(now)
+                self._monitor.fetch_finished(now)
             except Exception as err:
                 self._switch_off(_FETCH_TIMING, err)
 
@@ -247,45 +210,19 @@ class LoadGuard(_pl.Callback):
             self._guarded("auto-tuning", self._tuner.on_loaders_ready, trainer, loaders)
         self._guarded("instrumenting the train loader", self._instrument, loaders)
 
-    def _loader_changed(self, loader: Any) -> None:
-        """The loader's settings were changed in place: start the windows afresh for the new settings."""
-        before, self._settings = self._settings, _settings_of(loader)
+    def _settings_changed(self, before: LoaderSettings) -> None:
+        """The loader's settings were changed in place (the tuner switched them)."""
         trainer = self._trainer() if self._trainer is not None else None
-        if trainer is not None and self._settings != before:
+        if trainer is not None:
             self._guarded("marking the loader's switch", self._mark_switch, trainer, before)
-        self._consumer.clear()
-        if self._timeline is not None:
-            # The switch restarts the workers between two steps: that gap is not the loop's.
-            self._timeline.break_chain()
-            self._timeline.clear()
 
     def _instrument(self, loaders: list[Any]) -> None:
-        if len(loaders) == 1 and loaders[0] is self._loader:
-            return
-        self._release_loader()
-        if len(loaders) != 1:
-            self._say_once(
-                f"the trainer iterates {len(loaders)} train loaders at once; producer capacity, readiness and "
-                "epoch start-up are not measured. Data wait and step time are (from the training loop)."
-            )
-            return
-        loader = loaders[0]
-        reason = instrument(loader, self._probe)
-        self._settings = _settings_of(loader)
+        reason = self._monitor.attach(loaders)
         if reason is not None:
             self._say_once(
                 f"{reason}; producer capacity, readiness and epoch start-up are not measured. "
                 "Data wait and step time are (from the training loop)."
             )
-            return
-        self._loader = loader
-        self._producer_instrumented = True
-
-    def _release_loader(self) -> None:
-        if self._loader is not None:
-            restore(self._loader)
-            self._loader = None
-        self._producer_instrumented = False
 
     # -- hooks -----------------------------------------------------------------------------------------
 
@@ -294,15 +231,17 @@ class LoadGuard(_pl.Callback):
             return
         self._trainer = weakref.ref(trainer)
         # Every change to the user's objects is recorded with its undo, for teardown and on_exception alike.
-        self._patches.add("the train loader's class", self._release_loader)
+        self._patches.add("the train loader's class", self._monitor.detach)
         if self._tuner is not None:
             self._patches.add("the auto-tuner's hold on the loader", self._tuner.teardown)
         if _pl.install_profiler(trainer, self._fetch_timing_profiler):
             self._patches.add("the trainer's profiler", _pl.uninstall_profiler, trainer)
         if _pl.hook_loaders_ready(trainer, self._on_loaders_ready):
             self._patches.add("the fit loop's loader hook", _pl.unhook_loaders_ready, trainer)
-        events = self._device_events or cuda_events(trainer.strategy.root_device)
-        self._timeline = DeviceTimeline(events, self.window) if events is not None else None
+        self._monitor.attach_device(self._device_events or cuda_events(trainer.strategy.root_device))
+        self._monitor.accelerator = trainer.strategy.root_device.type != "cpu"
+        # The ranks' figures travel in a collective: on the device the strategy gathers from.
+        self._ranks = self._ranks.to(trainer.strategy.root_device)
         self._gpu = GpuUtilization(trainer.strategy.root_device)
         if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
@@ -310,12 +249,12 @@ class LoadGuard(_pl.Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not self._window_given:
             self._adapt_window(trainer.num_training_batches)
-        if self._loader is None:
+        if self._monitor.loader is None:
             # Without the pre-iterator hook the first iterator already exists: the next one is measured.
             self._on_loaders_ready(_pl.train_loaders(trainer))
         self._add_dashboard(trainer)
         # The host's CPU is read once per logged window, from here on.
-        self._guarded("measuring the host's CPU use", self._cpu.sample)
+        self._monitor.sample_cpu()
 
     def _adapt_window(self, steps_per_epoch: float) -> None:
         """The default window: half an epoch, within ``MIN_WINDOW`` and ``DEFAULT_WINDOW`` steps."""
@@ -323,10 +262,7 @@ class LoadGuard(_pl.Callback):
         if window == self.window:
             return
         self.window = window
-        self._consumer.resize(window)
-        self._producer.resize(_PRODUCER_WINDOWS * window)
-        if self._timeline is not None:
-            self._timeline.resize(window)
+        self._monitor.resize(window)
 
     def _fetch_timing_profiler(self, inner: Any) -> _pl.FetchTimingProfiler:
         return _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop)
@@ -348,43 +284,36 @@ class LoadGuard(_pl.Callback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking:
             self._validation_start = time.perf_counter()
-            if self._timeline is not None:
-                self._timeline.break_chain()
+            self._guarded(_STEP_TIMING, self._monitor.break_chain)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._validation_start is not None:
-            self._guarded(_STEP_TIMING, self._consumer.exclude, time.perf_counter() - self._validation_start)
+            self._guarded(_STEP_TIMING, self._monitor.exclude, time.perf_counter() - self._validation_start)
             self._validation_start = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._timeline is not None:
-            # First: Lightning's batch_to_device has just launched the copy.
-            self._guarded("measuring the device timeline", self._timeline.batch_on_device)
-        # From the batch's arrival to here: input conversion and the copy to the device.
+        # First: Lightning's batch_to_device has just launched the copy. From the batch's arrival to here:
+        # input conversion and the copy to the device.
         if _STEP_TIMING not in self._switched_off:
             try:
-                self._consumer.step_started(time.perf_counter())
+                self._monitor.step_started()
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
         if self._measure_batch or self._should_log(trainer):
             self._measure_batch = False
-            size = self._guarded("measuring the batch size in bytes", batch_nbytes, batch)
-            if size:
-                self._batch_bytes = size
+            self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._timeline is not None:
-            # First, before any logging here or in later callbacks can make the host wait for the device.
-            self._guarded("measuring the device timeline", self._timeline.step_ended)
+        # First, before any logging here or in later callbacks can make the host wait for the device.
+        self._monitor.step_ended()
         if self._should_log(trainer):
             self._publish(trainer)
         if self._tuner is not None:
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._guarded(_STEP_TIMING, self._consumer.close_step, time.perf_counter())
-        if self._timeline is not None:
-            self._guarded("measuring the device timeline", self._timeline.break_chain)
+        self._guarded(_STEP_TIMING, self._monitor.close_step, time.perf_counter())
+        self._monitor.break_chain()
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)
@@ -428,13 +357,11 @@ class LoadGuard(_pl.Callback):
             self._switch_off(f"restoring {what}", err)
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copy is detached from the fit: it keeps the settings and the figures, not the trainer or loader.
+        # A copy is detached from the fit: it keeps the settings and the figures, not the trainer (the monitor
+        # leaves the loader and the device's events behind itself).
         state = dict(self.__dict__)
         state["_trainer"] = None
-        state["_loader"] = None
-        state["_producer_instrumented"] = False
         state["_gpu"] = None  # an NVML handle belongs to the process that opened it
-        state["_timeline"] = None  # so do a device's events
         return state
 
     # -- figures ---------------------------------------------------------------------------------------
@@ -447,114 +374,25 @@ class LoadGuard(_pl.Callback):
             return _pl.should_log(trainer)
         return step % self.log_every_n_steps == 0
 
-    def _local_snapshot(self, trainer: Any) -> WindowSnapshot:
-        self._producer.poll()
-        records = self._consumer.records()
-        ready = tuple(r.ready for r in records if r.ready is not None)
-        # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
-        levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
-        facts = host_facts(self._processes_on_host)
-        device = self._device_records()
-        cpu = self._guarded("measuring the host's CPU use", self._cpu.sample)
-        self._cpu_use = cpu or self._cpu_use
-        return WindowSnapshot(
-            wait_s=tuple(r.wait_s for r in records),
-            step_s=tuple(r.step_s for r in records),
-            transfer_s=tuple(r.transfer_s for r in records),
-            settings=self._settings,
-            host=facts,
-            ready=ready if len(ready) == len(records) and ready else None,
-            buffer_level=levels if len(levels) >= len(records) // 2 and levels else None,
-            production_s=self._producer.durations() if self._producer_instrumented else (),
-            production_cpu_s=self._producer.cpu_durations() if self._producer_instrumented else (),
-            production_queued_s=self._producer.queued_durations() if self._producer_instrumented else (),
-            producer_rate=self._producer.capacity() if self._producer_instrumented else None,
-            epoch_start_s=tuple(self._epoch_start_s),
-            batch_bytes=self._batch_bytes,
-            producer_instrumented=self._producer_instrumented,
-            device_step_s=tuple(r.step_s for r in device),
-            device_data_idle_s=tuple(r.data_idle_s for r in device),
-            device_loop_idle_s=tuple(r.loop_idle_s for r in device),
-            device_copy_s=tuple(r.copy_s for r in device),
-            cpu=self._cpu_use,
-            accelerator=trainer.strategy.root_device.type != "cpu",
-        )
-
-    def _device_window(self, steps: int) -> tuple[list[float], list[float]] | None:
-        """The last ``steps`` device steps as (step + loop idle, data idle), ``None`` with under half of them.
-
-        The device's steps are read a step or two behind the host's; the loader's last switch cleared them.
-        """
-        records = self._device_records()[-steps:]
-        if not records or len(records) < steps / 2:
-            return None
-        return [r.step_s + r.loop_idle_s for r in records], [r.data_idle_s for r in records]
-
-    def _device_records(self) -> list[Any]:
-        if self._timeline is None or "measuring the device timeline" in self._switched_off:
-            return []
-        self._guarded("measuring the device timeline", self._timeline.poll)
-        return self._timeline.records()
-
-    def _local_row(self, snapshot: WindowSnapshot) -> list[float]:
-        def opt(value: float | None, scale: float = 1.0) -> float:
-            return _NAN if value is None else float(value) * scale
-
+    def _local_figures(self, snapshot: WindowSnapshot) -> dict[str, float]:
         gpu = self._gpu.read() if self._gpu is not None else None
-        inflight = snapshot.inflight_bytes
-        # On an accelerator the loop's rates are the device's: the host's clock measures launches.
-        loop = snapshot.device_view()
-        device_steps = len(snapshot.device_step_s)
-        period = snapshot.device_period_s
-
-        def device_share(spans: tuple[float, ...]) -> float:
-            return math.fsum(spans) / period if device_steps and period > 0 else _NAN
-
-        def device_ms(spans: tuple[float, ...]) -> float:
-            return math.fsum(spans) / device_steps * 1e3 if device_steps else _NAN
-
-        values = {
-            "wait_fraction": snapshot.wait_fraction if snapshot.steps else _NAN,
-            "data_wait_ms": snapshot.mean_wait_s * 1e3 if snapshot.steps else _NAN,
-            "step_ms": snapshot.mean_step_s * 1e3 if snapshot.steps else _NAN,
-            "throughput": loop.throughput if loop.steps else _NAN,
-            "consumer_rate": loop.consumer_rate if loop.steps and loop.mean_step_s > 0 else _NAN,
-            "producer_rate": opt(snapshot.producer_rate),
-            "ready_fraction": opt(snapshot.ready_fraction),
-            "epoch_start_ms": opt(snapshot.epoch_start_s[-1] if snapshot.epoch_start_s else None, 1e3),
-            "transfer_ms": (sum(snapshot.transfer_s) / snapshot.steps * 1e3) if snapshot.steps else _NAN,
-            "device_idle_fraction": opt(snapshot.device_idle_fraction),
-            "device_data_idle_fraction": device_share(snapshot.device_data_idle_s),
-            "device_loop_idle_fraction": device_share(snapshot.device_loop_idle_s),
-            "device_step_ms": device_ms(snapshot.device_step_s),
-            "device_transfer_ms": device_ms(snapshot.device_copy_s),
-            "gpu_util": opt(gpu),
-            "inflight_bytes": opt(inflight),
-            "host_key": self._host_key,
-            "host_available_mb": opt(snapshot.host.available_ram_bytes, 1e-6),
-            "shm_free_mb": opt(snapshot.host.shm_free_bytes, 1e-6),
-        }
-        return [values[name] for name in FIELDS]
-
-    def _gather_rows(self, trainer: Any, row: list[float]) -> list[list[float]]:
-        if trainer.world_size <= 1:
-            return [row]
-        local = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-        gathered = trainer.strategy.all_gather(local)
-        return gathered.reshape(trainer.world_size, len(FIELDS)).cpu().tolist()
+        return rank_figures(snapshot, self._host_key, gpu)
 
     def _publish(self, trainer: Any, log: bool = True) -> None:
-        snapshot = self._guarded("building the measurement window", self._local_snapshot, trainer)
-        row = self._guarded("summarising the window", self._local_row, snapshot) if snapshot else None
-        if row is None:
-            row = [_NAN] * len(FIELDS)
-            row[FIELDS.index("host_key")] = self._host_key
+        snapshot = self._guarded("building the measurement window", self._monitor.snapshot)
+        figures = self._guarded("summarising the window", self._local_figures, snapshot) if snapshot else None
+        self._ranks.update(figures or {"host_key": self._host_key})
         # Every rank reaches the collective on the same steps whatever happened locally above.
-        rows = self._gather_rows(trainer, row)
-        combined = self._guarded("combining the ranks' figures", combine_ranks, rows, trainer.global_rank)
+        combined = self._guarded(
+            "combining the ranks' figures",
+            self._ranks.summary,
+            trainer.global_rank,
+            _pl.rank_sync_fn(trainer),
+            trainer.world_size,
+        )
         if combined is None:
             return
-        self._processes_on_host = combined.processes_on_host
+        self._monitor.processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:
             host = replace(snapshot.host, processes_on_host=combined.processes_on_host)
@@ -571,8 +409,9 @@ class LoadGuard(_pl.Callback):
             return
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
         # The settings the window ran with: where the auto-tuner switched, this line steps.
-        metrics["loadguard/num_workers"] = float(self._settings.num_workers)
-        metrics["loadguard/prefetch_factor"] = float(self._settings.prefetch_factor or 0)
+        settings = self._monitor.settings
+        metrics["loadguard/num_workers"] = float(settings.num_workers)
+        metrics["loadguard/prefetch_factor"] = float(settings.prefetch_factor or 0)
         step = _pl.log_step(trainer)
         for logger in trainer.loggers:
             # The logger's own call: its failure reaches the user exactly as a Lightning-logged metric's would.
@@ -588,7 +427,7 @@ class LoadGuard(_pl.Callback):
         steps_per_epoch = int(batches) if math.isfinite(batches) and batches > 0 else None
         # Earlier windows feed the sustained rates; only those that end before the current one begins, so no
         # step counts twice. Their production times are left out: the current window already spans several.
-        now = self._consumer.total_steps
+        now = self._monitor.total_steps
         earlier = tuple(past for steps, past in self._history if now - steps >= self.window)
         # What is reported changes only when a new verdict holds over several windows (hysteresis).
         raw = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch)
@@ -602,7 +441,7 @@ class LoadGuard(_pl.Callback):
         """A text marker at the step where the loader's settings changed (TensorBoard's Text tab)."""
         if trainer.global_rank != 0:
             return
-        now = self._settings
+        now = self._monitor.settings
         text = (
             f"step {_pl.log_step(trainer)}: num_workers {before.num_workers} -> {now.num_workers}, "
             f"prefetch_factor {before.prefetch_factor or '-'} -> {now.prefetch_factor or '-'}"
@@ -635,16 +474,16 @@ class LoadGuard(_pl.Callback):
 
     def summary(self) -> str:
         """A readable table of what was measured: the latest window and the whole run."""
-        consumer = self._consumer
+        monitor = self._monitor
         text = format_summary(
             metrics=self.metrics,
-            settings=self._settings,
-            total_steps=consumer.total_steps,
-            total_wait_s=consumer.total_wait_s,
-            total_step_s=consumer.total_step_s,
-            total_batches_made=self._producer.total_batches,
-            total_busy_s=self._producer.total_busy_s,
-            epoch_start_s=tuple(self._epoch_start_s),
+            settings=monitor.settings,
+            total_steps=monitor.total_steps,
+            total_wait_s=monitor.total_wait_s,
+            total_step_s=monitor.total_step_s,
+            total_batches_made=monitor.total_batches_made,
+            total_busy_s=monitor.total_busy_s,
+            epoch_start_s=monitor.epoch_start_s,
             notes=sorted(self._said),
         )
         if self.diagnosis is not None:

@@ -19,7 +19,7 @@ import pytest
 from pipelines import SlowHandoverCollate, quiet_trainer
 from torch.utils.data import DataLoader, default_collate
 
-import lightning_loadguard.callback as callback_module
+import lightning_loadguard.meters.monitor as monitor_module
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters.host import batch_nbytes
 from lightning_loadguard.meters.window import HostFacts
@@ -231,12 +231,12 @@ def test_batches_in_flight_near_the_available_ram_are_a_memory_risk(monkeypatch:
     batch_bytes = batch_nbytes(default_collate([dataset[i] for i in range(BATCH)]))
     in_flight = 2 * 2  # num_workers x prefetch_factor
     available = int(in_flight * batch_bytes * 1.5)  # the batches claim 2/3 of it: above the 1/2 budget
-    cores = callback_module.host_facts().cpu_count
+    cores = monitor_module.host_facts().cpu_count
 
     def small_host(processes_on_host: int = 1) -> HostFacts:
         return HostFacts(cores, processes_on_host, available_ram_bytes=available, shm_free_bytes=2**40)
 
-    monkeypatch.setattr(callback_module, "host_facts", small_host)
+    monkeypatch.setattr(monitor_module, "host_facts", small_host)
     loader = timed_loader(dataset, batch_size=BATCH, num_workers=2, prefetch_factor=2, persistent_workers=True)
     diagnosis = _diagnosis(_fit(loader, TimedModule(0.040, features=features, record=False), window=20))
 

@@ -142,12 +142,12 @@ def test_what_cannot_be_instrumented_is_measured_from_the_consumer(make_loader: 
 
 
 def test_a_failing_meter_is_reported_once_and_training_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_loadguard.callback as callback_module
+    import lightning_loadguard.meters.monitor as monitor_module
 
     def broken(batch: Any) -> int:
         raise RuntimeError("cannot size this batch")
 
-    monkeypatch.setattr(callback_module, "batch_nbytes", broken)
+    monkeypatch.setattr(monitor_module, "batch_nbytes", broken)
     guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
     module = TimedModule()
     with warnings.catch_warnings(record=True) as caught:

@@ -16,7 +16,7 @@ from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.host import batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
-from lightning_loadguard.meters.ranks import FIELDS, combine_ranks
+from lightning_loadguard.meters.ranks import FIELDS, RankFigures
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.synthetic import TimedDataset
 
@@ -161,21 +161,49 @@ def test_probe_refuses_what_it_cannot_instrument() -> None:
 
 
 def test_combine_ranks_takes_the_worst_rank_and_sums_per_host() -> None:
-    def row(wait: float, host: float, nbytes: float) -> list[float]:
+    def rank(wait: float, host: float, nbytes: float) -> RankFigures:
         values = dict.fromkeys(FIELDS, 1.0)
         values.update(wait_fraction=wait, host_key=host, inflight_bytes=nbytes, gpu_util=float("nan"))
         values.update((name, float("nan")) for name in FIELDS if name.startswith("device_"))  # a CPU run
-        return [values[name] for name in FIELDS]
+        figures = RankFigures()
+        figures.update(values)
+        return figures
 
-    out = combine_ranks([row(0.1, 1, 2e6), row(0.7, 1, 2e6), row(0.2, 2, 1e6)], this_rank=0)
+    ranks = [rank(0.1, 1, 2e6), rank(0.7, 1, 2e6), rank(0.2, 2, 1e6)]
+    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
+    out = ranks[0].summary(this_rank=0, sync_fn=lambda t, group=None: [next(s) for s in streams], world_size=3)
     assert out.worst_rank == 1
     assert out.metrics["loadguard/wait_fraction"] == 0.7
     assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
     assert out.metrics["loadguard/inflight_budget_fraction"] == 4.0  # against host 1's 1 MB budget
     assert out.processes_on_host == 2
     assert "loadguard/gpu_util" not in out.metrics
-    with pytest.raises(ValueError, match="rows"):
-        combine_ranks([])
+    with pytest.raises(ValueError, match="rank figures"):
+        RankFigures().update({"no_such_figure": 1.0})
+
+
+def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> None:
+    # Rank 0's device idles more, although its host waits less (rank 1's host waits while its device still
+    # has work queued).
+    ranks = []
+    for host_wait, device_idle in ((0.1, 0.3), (0.5, 0.02)):
+        figures = RankFigures()
+        figures.update({"wait_fraction": host_wait, "device_data_idle_fraction": device_idle, "host_key": 7.0})
+        ranks.append(figures)
+    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
+    out = ranks[0].summary(this_rank=0, sync_fn=lambda t, group=None: [next(s) for s in streams], world_size=2)
+    assert out.worst_rank == 0 and out.rank_wait_fractions == (0.3, 0.02)
+
+
+def test_a_single_process_without_a_process_group_combines_its_own_figures() -> None:
+    figures = RankFigures()
+    figures.update({"wait_fraction": 0.3, "gpu_util": 50.0, "host_key": 3.0})
+    out = figures.summary(this_rank=0)
+    assert out.metrics["loadguard/wait_fraction"] == 0.3 and out.metrics["loadguard/gpu_util"] == 50.0
+    assert out.processes_on_host == 1 and "loadguard/worst_rank" not in out.metrics
+    # The states start afresh for the next logging step.
+    figures.update({"host_key": 3.0})
+    assert "loadguard/gpu_util" not in figures.summary(this_rank=0).metrics
 
 
 def test_batch_nbytes_and_host_facts() -> None:

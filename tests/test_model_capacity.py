@@ -7,16 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.model.budget import host_inflight_bytes, max_batches_in_flight, memory_budget, worker_budget
 from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import (
     PREFETCH_TOLERANCE,
     has_deficit,
-    host_inflight_bytes,
-    max_batches_in_flight,
-    memory_budget,
     producer_capacity,
     recommend_prefetch,
-    worker_budget,
     workers_needed,
 )
 
@@ -120,7 +117,7 @@ def test_recommendation_matches_brute_force(prod: list[float], step: list[float]
 
 def test_io_waiting_workers_fit_more_than_one_per_core() -> None:
     from lightning_loadguard.meters.window import HostFacts
-    from lightning_loadguard.model.capacity import worker_budget
+    from lightning_loadguard.model.budget import worker_budget
 
     host = HostFacts(cpu_count=8, processes_on_host=2)
     assert worker_budget(host) == 3

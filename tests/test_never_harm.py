@@ -79,7 +79,7 @@ def test_a_loader_class_with_its_own_iter_trains_as_without_loadguard(cls: type[
     assert type(trainer.train_dataloader) is cls
     # What iter() cannot show is said once; what the loader's iterator shows is still measured.
     assert any("epoch start-up is not measured" in note for note in guard._said)
-    assert guard._producer.total_batches >= 2 * 12
+    assert guard._monitor.total_batches_made >= 2 * 12
     assert guard.metrics["loadguard/wait_fraction"] >= 0
 
 

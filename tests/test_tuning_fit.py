@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.meters import monitor as monitor_module
 from lightning_loadguard.meters.host import host_facts
 from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
-from lightning_loadguard.tuning import session as session_module
 from lightning_loadguard.tuning.session import TuneOptions
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
@@ -88,7 +88,7 @@ def test_a_small_memory_budget_is_never_broken(monkeypatch: pytest.MonkeyPatch) 
         real = host_facts(processes)
         return HostFacts(real.cpu_count, processes, available_ram_bytes=small, shm_free_bytes=None)
 
-    monkeypatch.setattr(session_module, "host_facts", tiny_host)
+    monkeypatch.setattr(monitor_module, "host_facts", tiny_host)
     loader = timed_loader(TimedDataset(480, sample_s=0.01), batch_size=4, num_workers=1, shuffle=True)
     _, guard, _ = fit(loader, FAST, step_s=0.002, epochs=1)
     decision = guard.decision

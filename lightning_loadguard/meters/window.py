@@ -8,39 +8,15 @@ unit-tested on synthetic snapshots.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from statistics import fmean
 
 from lightning_loadguard.meters.cpu import CpuUse
+from lightning_loadguard.meters.settings import LoaderSettings
 
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """The train loader's settings as the trainer iterates it.
-
-    Example:
-        >>> LoaderSettings(num_workers=4, prefetch_factor=2).batches_in_flight
-        8
-    """
-
-    num_workers: int = 0
-    prefetch_factor: int | None = None
-    persistent_workers: bool = False
-    pin_memory: bool = False
-    batch_size: int | None = None
-
-    @property
-    def batches_in_flight(self) -> int:
-        """Batches that can exist at once between the workers and the consumer.
-
-        ``num_workers x prefetch_factor`` outstanding batches, plus one transient pinned copy when
-        ``pin_memory`` is on. With ``num_workers=0`` nothing is prefetched.
-        """
-        if self.num_workers <= 0:
-            return 0
-        depth = self.num_workers * (self.prefetch_factor or 2)
-        return depth + (1 if self.pin_memory else 0)
+__all__ = ["HostFacts", "LoaderSettings", "WindowSnapshot", "cpu_share"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +64,8 @@ class WindowSnapshot:
         cpu: cores used over the window by the training process, its workers and other work, and the cores
             this process may use (``None`` where unmeasured).
         accelerator: whether the step runs on an accelerator (where a fix may move work to it).
+        batches_made: batches the producer finished during the window, or ``None`` (a rolling window, or an
+            unmetered producer).
     """
 
     wait_s: tuple[float, ...]
@@ -112,6 +90,7 @@ class WindowSnapshot:
     device_copy_s: tuple[float, ...] = ()
     cpu: CpuUse | None = None
     accelerator: bool = False
+    batches_made: int | None = None
 
     @property
     def on_device(self) -> bool:
@@ -192,6 +171,24 @@ class WindowSnapshot:
         return self.steps / total if total > 0 else 0.0
 
     @property
+    def sustained_rate(self) -> float:
+        """Steps per second the loader can keep up: a draining buffer does not count.
+
+        A buffer filled before the window can serve steps faster than the producer makes batches, but only
+        until it runs dry. Only batches both made and consumed in the window count; when the buffer was
+        filling, the consumed steps count.
+
+        Example:
+            >>> WindowSnapshot(wait_s=(0.0,) * 20, step_s=(0.125,) * 20, batches_made=15).sustained_rate
+            6.0
+        """
+        loop = self.loop_s
+        if loop <= 0:
+            return 0.0
+        count = self.steps if self.batches_made is None else min(self.steps, self.batches_made)
+        return count / loop
+
+    @property
     def consumer_rate(self) -> float:
         """Batches per second the loop would reach if it never waited for data."""
         mean = self.mean_step_s
@@ -209,22 +206,8 @@ class WindowSnapshot:
 
     @cached_property
     def cpu_share(self) -> float | None:
-        """Share of a core the workers need while busy: 1 computes, near 0 waits on I/O.
-
-        CPU time over busy time less the time spent queueing for a core, so that workers starved by too
-        few cores still count as computing; over the batches whose CPU time was sampled.
-        """
-        queued = self.production_queued_s or (0.0,) * len(self.production_cpu_s)
-        busy = cpu_total = 0.0
-        sampled = False
-        for made, cpu, wait in zip(self.production_s, self.production_cpu_s, queued, strict=False):
-            if cpu == cpu:  # NaN: not sampled
-                busy += made - wait
-                cpu_total += cpu
-                sampled = True
-        if not sampled or busy <= 0:
-            return None
-        return min(1.0, cpu_total / busy)
+        """Share of a core the workers need while busy (see :func:`cpu_share`)."""
+        return cpu_share(self.production_s, self.production_cpu_s, self.production_queued_s)
 
     @property
     def batch_cpu_s(self) -> float | None:
@@ -242,3 +225,28 @@ class WindowSnapshot:
         if self.batch_bytes is None:
             return None
         return self.batch_bytes * self.settings.batches_in_flight
+
+
+def cpu_share(
+    production_s: Sequence[float], production_cpu_s: Sequence[float], production_queued_s: Sequence[float]
+) -> float | None:
+    """Share of a core a producer needs while busy: 1 computes, near 0 waits on I/O (``None``: unmeasured).
+
+    CPU time over busy time less the time spent queueing for a core, so that workers starved by too few
+    cores still count as computing. Batches whose CPU time was not sampled (NaN) are left out.
+
+    Example:
+        >>> nan = float("nan")
+        >>> cpu_share([0.5, 0.5], [0.25, 0.25], [0.0, 0.0]), cpu_share([0.1, 0.3], [0.05, nan], [0.05, nan])
+        (0.5, 1.0)
+    """
+    queued = production_queued_s or (0.0,) * len(production_cpu_s)
+    sampled = [
+        (busy - wait, cpu)
+        for busy, cpu, wait in zip(production_s, production_cpu_s, queued, strict=False)
+        if cpu == cpu  # NaN: not sampled
+    ]
+    busy = sum(b for b, _ in sampled)
+    if not sampled or busy <= 0:
+        return None
+    return min(1.0, sum(c for _, c in sampled) / busy)

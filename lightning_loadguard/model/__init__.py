@@ -1,7 +1,7 @@
 """The framework-agnostic core: bounded-buffer model, capacity arithmetic and diagnosis rules.
 
 This namespace holds what the adapters use: :func:`diagnose` and its result types. The arithmetic lives in
-its modules (:mod:`.buffer`, :mod:`.capacity`, :mod:`.drain`), which are internal.
+its modules (:mod:`.buffer`, :mod:`.budget`, :mod:`.capacity`, :mod:`.drain`), which are internal.
 
 Example:
     >>> from lightning_loadguard.model.capacity import recommend_prefetch
@@ -22,10 +22,8 @@ __getattr__ = moved_names(
         name: (f"{__name__}.{module}:{name}", f"it is internal; import it from {__name__}.{module} if you must")
         for module, names in {
             "buffer": ("BufferRun", "simulate_buffer", "steady_state_wait"),
-            "capacity": (
-                "PrefetchAdvice", "has_deficit", "host_inflight_bytes", "max_batches_in_flight", "memory_budget",
-                "producer_capacity", "recommend_prefetch", "worker_budget", "workers_needed",
-            ),
+            "budget": ("host_inflight_bytes", "max_batches_in_flight", "memory_budget", "worker_budget"),
+            "capacity": ("PrefetchAdvice", "has_deficit", "producer_capacity", "recommend_prefetch", "workers_needed"),
             "drain": ("DrainAlarm", "drain_from_levels", "drain_from_rates"),
         }.items()
         for name in names

@@ -1,4 +1,6 @@
-"""Capacity arithmetic: producer rates, workers needed, host budgets and prefetch depth for bursts.
+"""Capacity arithmetic: producer rates, workers needed and prefetch depth for bursts.
+
+Host budgets (cores, memory) live in :mod:`lightning_loadguard.model.budget`.
 
 Everything here is a pure function of measured figures, so that the diagnosis (and a tuner) can explain
 each number it reports.
@@ -11,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model.buffer import simulate_buffer
 
 BURST_MARGIN = 0.2
@@ -22,11 +23,10 @@ utilisation 1 and every burst becomes a stall. 20 % spare capacity keeps the ste
 M/M/1/K estimate below 2 % of a step from a depth of 8 batches on.
 """
 
-RAM_BUDGET_SHARE = 0.5
-"""Share of the host's available RAM that in-flight batches may claim (tf.data's autotuner budget)."""
-
-SHM_BUDGET_SHARE = 0.8
-"""Share of free ``/dev/shm`` that worker-to-trainer batches may claim; a full shm kills workers."""
+WAIT_OK = 0.05
+"""Share of loop time spent waiting for data that counts as a constraint. Below 5 % the loader is not what
+limits training (below run-to-run noise): the diagnosis names nothing, the tuner sees nothing to win, and a
+fix is judged to have worked."""
 
 PREFETCH_TOLERANCE = 0.01
 """A depth is deep enough when its replayed wait per step is within this share of a step of the
@@ -112,78 +112,6 @@ def workers_needed(
     busy = mean_production_s * consumer_rate * (1.0 + burst_margin)
     # Rounding noise must not turn an exact fit (e.g. 2.0000000001) into one more process.
     return max(1, math.ceil(busy - 1e-9))
-
-
-MIN_CPU_SHARE = 0.1
-"""Workers are never assumed to need less than this share of a core (bounds workers per core at 10)."""
-
-
-def worker_budget(host: HostFacts, cpu_share: float | None = None) -> int:
-    """Loader workers each training process can run without oversubscribing the host's cores.
-
-    Every training process keeps one core for its own loop; the rest of its share goes to workers. A worker
-    that spends most of its busy time waiting on I/O (``cpu_share``, the measured CPU time over busy time
-    of its batches) needs only that share of a core, so more of them fit.
-
-    Example:
-        >>> worker_budget(HostFacts(cpu_count=32, processes_on_host=4))
-        7
-        >>> worker_budget(HostFacts(cpu_count=32, processes_on_host=4), cpu_share=0.25)
-        28
-    """
-    if host.cpu_count < 1:
-        raise ValueError(f"host.cpu_count must be >= 1, got {host.cpu_count!r}")
-    if cpu_share is not None and not 0.0 <= cpu_share <= 1.0:
-        raise ValueError(f"cpu_share must be within 0..1 or None, got {cpu_share!r}")
-    spare = max(0.0, math.floor(host.cores_per_process) - 1)
-    share = 1.0 if cpu_share is None else max(MIN_CPU_SHARE, cpu_share)
-    return math.floor(spare / share + 1e-9)
-
-
-def host_inflight_bytes(batch_bytes: int, batches_in_flight: int, processes_on_host: int) -> int:
-    """In-flight batch bytes summed over a host: every training process runs its own loader.
-
-    Example:
-        >>> host_inflight_bytes(50_000_000, batches_in_flight=8, processes_on_host=4)
-        1600000000
-    """
-    return (
-        _count("batch_bytes", batch_bytes)
-        * _count("batches_in_flight", batches_in_flight)
-        * _count("processes_on_host", processes_on_host)
-    )
-
-
-def memory_budget(host: HostFacts, *, uses_shm: bool = True) -> int | None:
-    """Bytes the host's in-flight batches may claim, or ``None`` when neither RAM nor shm is known.
-
-    The smaller of ``RAM_BUDGET_SHARE`` of available RAM and (for worker processes, whose batches travel
-    through ``/dev/shm``) ``SHM_BUDGET_SHARE`` of free shm.
-
-    Example:
-        >>> memory_budget(HostFacts(cpu_count=8, available_ram_bytes=16_000, shm_free_bytes=4_000))
-        3200
-    """
-    limits = []
-    if host.available_ram_bytes is not None:
-        limits.append(int(host.available_ram_bytes * RAM_BUDGET_SHARE))
-    if uses_shm and host.shm_free_bytes is not None:
-        limits.append(int(host.shm_free_bytes * SHM_BUDGET_SHARE))
-    return min(limits) if limits else None
-
-
-def max_batches_in_flight(batch_bytes: int, host: HostFacts, *, uses_shm: bool = True) -> int | None:
-    """Most batches each process's loader may hold within :func:`memory_budget`, or ``None`` if unknown.
-
-    Example:
-        >>> max_batches_in_flight(100, HostFacts(cpu_count=8, processes_on_host=2, available_ram_bytes=4_000))
-        10
-    """
-    budget = memory_budget(host, uses_shm=uses_shm)
-    if budget is None:
-        return None
-    per_batch = _count("batch_bytes", batch_bytes) * max(1, host.processes_on_host)
-    return budget // per_batch if per_batch else None
 
 
 def recommend_prefetch(

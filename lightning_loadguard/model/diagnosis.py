@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 
 from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.model import budget as hb
 from lightning_loadguard.model import capacity as cap
 from lightning_loadguard.model.buffer import steady_state_wait
 from lightning_loadguard.model.contention import CoreCheck, check_cores
@@ -32,9 +33,7 @@ __all__ = [
     "diagnose",
 ]
 
-WAIT_OK = 0.05
-"""Share of loop time spent waiting for data that counts as a constraint. Below 5 % the loader is not
-what limits training, and a fix is judged to have worked."""
+WAIT_OK = cap.WAIT_OK
 
 TRANSFER_SHARE = 0.2
 """Share of loop time in the host-to-device copy above which the copy itself is a constraint."""
@@ -149,7 +148,7 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
     production = tuple(t for h in same for t in h.production_s)
     steps = tuple(t for h in same for t in h.step_s)
     workers = max(0, snap.settings.num_workers)
-    prefetch = snap.settings.prefetch_factor or 2
+    prefetch = snap.settings.prefetch
     if workers == 0 and not production:
         production = snap.wait_s  # made in the training process: each fetch is one production
     consumer_rate = 1.0 / fmean(steps) if fmean(steps) > 0 else math.inf
@@ -297,7 +296,7 @@ def _deficit(facts: _Facts) -> Finding | None:
         return None
     per_batch = _worker_time(facts)
     needed = cap.workers_needed(per_batch, facts.consumer_rate)
-    budget = cap.worker_budget(host, facts.snap.cpu_share)
+    budget = hb.snapshot_budget(facts.snap).max_workers
     evidence = _rates(facts) | {
         "worker_time_s": per_batch,
         "workers_needed": needed,
@@ -429,7 +428,7 @@ def _depth_advice(facts: _Facts, workers: int) -> cap.PrefetchAdvice | None:
 
 
 def _workers_for_bursts(facts: _Facts) -> tuple[int, cap.PrefetchAdvice] | None:
-    limit = max(cap.worker_budget(facts.snap.host, facts.snap.cpu_share), facts.workers)
+    limit = max(hb.snapshot_budget(facts.snap).max_workers, facts.workers)
     for workers in range(facts.workers + 1, min(limit, facts.workers + MAX_EXTRA_WORKERS) + 1):
         advice = _depth_advice(facts, workers)
         if advice is not None and advice.expected_wait_fraction < WAIT_OK:
@@ -544,7 +543,7 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
     # Idle workers do not contend for cores: weigh by how busy the producer is.
     busy = 1.0 if facts.capacity is None else min(1.0, facts.consumer_rate / facts.capacity)
     severity = (1.0 - host.cpu_count / (total * cpu_share)) * busy
-    budget = cap.worker_budget(host, facts.snap.cpu_share)
+    budget = hb.snapshot_budget(facts.snap).max_workers
     evidence: Evidence = {
         "num_workers": facts.workers,
         "processes_on_host": procs,
@@ -578,7 +577,7 @@ def _memory(facts: _Facts) -> Finding | None:
     snap, host = facts.snap, facts.snap.host
     inflight = snap.inflight_host_bytes
     if inflight is None and snap.batch_bytes is not None:
-        inflight = cap.host_inflight_bytes(
+        inflight = hb.host_inflight_bytes(
             snap.batch_bytes, snap.settings.batches_in_flight, max(1, host.processes_on_host)
         )
     if not inflight:
@@ -588,8 +587,8 @@ def _memory(facts: _Facts) -> Finding | None:
         shares["ram_share"] = inflight / host.available_ram_bytes
     if facts.workers > 0 and host.shm_free_bytes:
         shares["shm_share"] = inflight / host.shm_free_bytes
-    at_risk = shares.get("ram_share", 0.0) >= cap.RAM_BUDGET_SHARE or (
-        shares.get("shm_share", 0.0) >= cap.SHM_BUDGET_SHARE
+    at_risk = shares.get("ram_share", 0.0) >= hb.RAM_BUDGET_SHARE or (
+        shares.get("shm_share", 0.0) >= hb.SHM_BUDGET_SHARE
     )
     if not at_risk:
         return None
@@ -610,7 +609,7 @@ def _memory(facts: _Facts) -> Finding | None:
 def _fits_memory(facts: _Facts, batches_in_flight: int) -> bool:
     if facts.snap.batch_bytes is None:
         return True
-    limit = cap.max_batches_in_flight(facts.snap.batch_bytes, facts.snap.host, uses_shm=facts.workers > 0)
+    limit = hb.max_batches_in_flight(facts.snap.batch_bytes, facts.snap.host, uses_shm=facts.workers > 0)
     return limit is None or batches_in_flight <= limit
 
 
@@ -618,7 +617,7 @@ def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> 
     batch_bytes = facts.snap.batch_bytes
     if batch_bytes is None or facts.workers == 0:
         return ""
-    limit = cap.max_batches_in_flight(batch_bytes, facts.snap.host)
+    limit = hb.max_batches_in_flight(batch_bytes, facts.snap.host)
     if limit is None:
         return ""
     wanted = evidence.get("recommended_prefetch_factor", facts.prefetch)

@@ -43,12 +43,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_loadguard.meters.settings import DEFAULT_PREFETCH, SWITCHABLE
 from lightning_loadguard.position.iterable import StatefulIterableTap
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 
 _TAP_ATTR = "_loadguard_order_tap"
 _SEED_ATTR = "_loadguard_fresh_seed_draws"
-_SWITCHABLE = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
 
 class OrderTap:
@@ -229,6 +229,20 @@ def shutdown(iterator: object) -> None:
         stop()
 
 
+def yielded(iterator: Any) -> int | None:
+    """Batches a torch loader iterator handed out (what left the loader, never what workers read ahead).
+
+    Reads torch's ``_BaseDataLoaderIter._num_yielded`` (torch 1.x to 2.13); an iterator of another kind
+    counts itself in ``yielded``; otherwise ``None``.
+    """
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    if isinstance(iterator, _BaseDataLoaderIter):
+        return int(iterator._num_yielded)
+    count = getattr(iterator, "yielded", None)
+    return int(count) if isinstance(count, int) else None
+
+
 def watch_worker_deaths(iterator: object, watch: bool) -> bool:
     """Turn torch's asynchronous report of a dead worker off (or back on) for one iterator.
 
@@ -258,9 +272,9 @@ def watch_worker_deaths(iterator: object, watch: bool) -> bool:
 
 def validate_settings(settings: dict[str, Any]) -> None:
     """Raise ``ValueError`` for a setting that cannot change on a built loader or is out of range."""
-    unknown = sorted(set(settings) - set(_SWITCHABLE))
+    unknown = sorted(set(settings) - set(SWITCHABLE))
     if unknown:
-        raise ValueError(f"cannot change {unknown} on a built DataLoader; only {list(_SWITCHABLE)} can change")
+        raise ValueError(f"cannot change {unknown} on a built DataLoader; only {list(SWITCHABLE)} can change")
     workers = settings.get("num_workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"num_workers must be an integer >= 0, got {workers!r}")
@@ -284,7 +298,7 @@ def apply_settings(loader: DataLoader, **settings: Any) -> None:
         loader.num_workers = settings["num_workers"]
     if loader.num_workers > 0:
         prefetch = settings.get("prefetch_factor", loader.prefetch_factor)
-        loader.prefetch_factor = 2 if prefetch is None else prefetch  # torch's default
+        loader.prefetch_factor = DEFAULT_PREFETCH if prefetch is None else prefetch
     else:
         loader.prefetch_factor = None
     if "pin_memory" in settings:

@@ -5,21 +5,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lightning_loadguard.model.budget import RAM_BUDGET_SHARE, SHM_BUDGET_SHARE
+
 PROBE_SHARE = 0.2
 """Default share of epoch 0's steps that may run under probed (not yet proven) settings."""
-
-MEMORY_SHARE = 0.5
-"""Default share of the host's available RAM that in-flight batches of all its training processes may claim
-(tf.data's autotuner uses the same half)."""
 
 MIN_WINDOW = 8
 """Shortest automatic measurement window, in steps."""
 
 MAX_WINDOW = 24
 """Longest automatic measurement window: a few bursts of a bursty pipeline fall into it."""
-
-SHM_SHARE = 0.8
-"""Share of free ``/dev/shm`` that in-flight worker batches may claim: a full shm kills workers."""
 
 
 def _int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -84,8 +79,8 @@ class TuneOptions:
         return max(MIN_WINDOW, min(MAX_WINDOW, budget_steps - self.warmup_steps))
 
     probe_share: float = PROBE_SHARE
-    memory_share: float = MEMORY_SHARE
-    shm_share: float = SHM_SHARE
+    memory_share: float = RAM_BUDGET_SHARE
+    shm_share: float = SHM_BUDGET_SHARE
     max_workers: int | None = None
     max_prefetch: int = 8
     warmup_steps: int = 4

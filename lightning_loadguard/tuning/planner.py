@@ -11,19 +11,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.buffer import simulate_buffer
-from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch, workers_needed
-from lightning_loadguard.tuning.budget import CORES, Budget
-from lightning_loadguard.tuning.decision import CandidateResult, Measurement, Setting, TuneDecision
+from lightning_loadguard.model.capacity import (
+    REPLAY_MIN_STEPS,
+    WAIT_OK,
+    has_deficit,
+    recommend_prefetch,
+    workers_needed,
+)
+from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, TuneVerdict
 from lightning_loadguard.tuning.options import TuneOptions
-
-NEGLIGIBLE_WAIT = 0.05
-"""A loop waiting for data less than 5 % of its time has nothing to gain from the loader (below noise)."""
 
 PROBE_BUDGET = "probe_budget"
 
-REPLAY_STEPS = 256
-"""Steps replayed per candidate worker count: the measured sequences cycle several times."""
+PROFILE_LENGTH = 32
+"""Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
 STEP_SLOWDOWN = 0.1
 """Past the predicted core limit a setting counts only if the step's own time stays within 10 % of the
@@ -32,17 +37,21 @@ fastest measured step: a worker that takes its core from the training step is no
 
 @dataclass
 class _Proposal:
-    setting: Setting
+    setting: LoaderSettings
     note: str
     bound: str | None = None
     verify: bool = False  # past the predicted core limit: measured before it is believed
 
 
+def _profile(values: tuple[float, ...]) -> tuple[float, ...]:
+    return values[-PROFILE_LENGTH:]
+
+
 class Planner:
     """Chooses the settings to probe, one window at a time, and makes the decision.
 
-    Call :meth:`record` with each window's (rank-combined) measurement of :attr:`current`; it returns the
-    next setting to measure, or ``None`` when done; then :meth:`decide`.
+    Call :meth:`record` with each window (a rank-combined :class:`WindowSnapshot` of :attr:`current`); it
+    returns the next setting to measure, or ``None`` when done; then :meth:`decide`.
 
     Args:
         original: the user's settings (measured first).
@@ -54,17 +63,16 @@ class Planner:
     Example:
         An I/O-bound loader with 1 worker making a batch in 40 ms, and a 10 ms step:
 
-        >>> from lightning_loadguard.tuning.budget import CORES, Budget
-        >>> p = Planner(Setting(1, 2), Budget(7, "cores"), TuneOptions(), epoch_steps=400)
-        >>> p.record(Measurement(steps=12, elapsed_s=0.48, made=12, mean_step_s=0.01, mean_production_s=0.04,
-        ...                      mean_wait_s=0.03))
-        Setting(num_workers=5, prefetch_factor=2, pin_memory=False, persistent_workers=False)
+        >>> p = Planner(LoaderSettings(1, 2), HostBudget(7), TuneOptions(), epoch_steps=400)
+        >>> p.record(WindowSnapshot(wait_s=(0.03,) * 12, step_s=(0.01,) * 12, production_s=(0.04,) * 12,
+        ...                         batches_made=12)).label
+        'workers=5 prefetch=2'
     """
 
     def __init__(
         self,
-        original: Setting,
-        budget: Budget,
+        original: LoaderSettings,
+        budget: HostBudget,
         options: TuneOptions,
         epoch_steps: int,
         *,
@@ -81,7 +89,7 @@ class Planner:
         self.current = original
         self.current_note = "your settings"
         self.results: list[CandidateResult] = []
-        self.measurements: dict[Setting, Measurement] = {}
+        self.measurements: dict[LoaderSettings, WindowSnapshot] = {}
         self.probe_steps = 0
         self.probe_time_s = 0.0
         self._bounds: set[str] = set()
@@ -93,25 +101,26 @@ class Planner:
         """Whether epoch 0 is long enough to measure the user's setting and at least one candidate."""
         return self.window <= self.budget_steps and 2 * self.window <= self.epoch_steps
 
-    def record(self, measurement: Measurement) -> Setting | None:
-        """Store the window of :attr:`current`; return the next setting to measure (``None``: decide now)."""
+    def record(self, window: WindowSnapshot, failed: str | None = None) -> LoaderSettings | None:
+        """Store the window of :attr:`current` (``failed``: why the setting failed, if it did); return the next
+        setting to measure (``None``: decide now)."""
         setting = self.current
-        producer = self._producer_rate(setting, measurement)
+        producer = self._producer_rate(setting, window)
         self.results.append(
             CandidateResult(
                 setting=setting,
-                rate=None if measurement.failed else measurement.sustained_rate,
-                producer_rate=None if measurement.failed else producer,
+                rate=None if failed else window.sustained_rate,
+                producer_rate=None if failed else producer,
                 steps=self.window,
-                failed=measurement.failed,
+                failed=failed,
                 note=self.current_note,
             )
         )
         if setting != self.original:
             self.probe_steps += self.window
-            self.probe_time_s += measurement.elapsed_s
-        if not measurement.failed:
-            self.measurements[setting] = measurement
+            self.probe_time_s += window.loop_s
+        if not failed:
+            self.measurements[setting] = window
         elif setting == self.original:
             return None  # the user's own setting failing is the user's error to see, not ours to tune around
         proposal = self._propose()
@@ -122,7 +131,7 @@ class Planner:
             s.num_workers >= proposal.setting.num_workers and self._paid(s, m) for s, m in self.measurements.items()
         )
         check = self.budget.breaks_wall if verified else self.budget.allows
-        broken = check(proposal.setting.num_workers, proposal.setting.prefetch_factor)
+        broken = check(proposal.setting)
         if broken is not None:
             # Only a variant of a setting already over budget (the user's own) can get here: never probe it.
             self._bounds.add(broken)
@@ -137,16 +146,16 @@ class Planner:
 
     # -- proposals -------------------------------------------------------------------------------------
 
-    def _producer_rate(self, setting: Setting, m: Measurement) -> float | None:
+    def _producer_rate(self, setting: LoaderSettings, m: WindowSnapshot) -> float | None:
         if m.mean_production_s is None or m.mean_production_s <= 0:
             return None
         return max(1, setting.num_workers) / m.mean_production_s
 
     @property
-    def _baseline(self) -> Measurement | None:
+    def _baseline(self) -> WindowSnapshot | None:
         return self.measurements.get(self.original)
 
-    def _best(self) -> tuple[Setting, Measurement] | None:
+    def _best(self) -> tuple[LoaderSettings, WindowSnapshot] | None:
         """The fastest measured setting; past the predicted core limit only one that paid (see
         :meth:`_paid`)."""
         admitted = [(s, m) for s, m in self.measurements.items() if self._paid(s, m)]
@@ -154,10 +163,10 @@ class Planner:
             return None
         return max(admitted, key=lambda item: item[1].sustained_rate)
 
-    def _past_limit(self, setting: Setting) -> bool:
+    def _past_limit(self, setting: LoaderSettings) -> bool:
         return self.budget.workers_bound == CORES and setting.num_workers > self.budget.max_workers
 
-    def _paid(self, setting: Setting, m: Measurement) -> bool:
+    def _paid(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
         """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
         setting with fewer workers, and the step's own time did not grow by more than ``STEP_SLOWDOWN``."""
         if not self._past_limit(setting) or setting == self.original:
@@ -168,7 +177,7 @@ class Planner:
         step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
         return faster and step_kept
 
-    def _verify_more(self, best: Setting, best_m: Measurement, target: _Proposal | None) -> _Proposal | None:
+    def _verify_more(self, best: LoaderSettings, best_m: WindowSnapshot, target: _Proposal | None) -> _Proposal | None:
         """One worker past the predicted core limit, where the model wants more and the last one paid.
 
         Cores are a hypothesis (the loop's threads, the workers and other processes share them): the
@@ -183,7 +192,8 @@ class Planner:
             if best_m.sustained_rate < previous.sustained_rate * (1 + self.options.min_gain):
                 return None  # the last worker did not pay: the next one will not either
         workers = best.num_workers + 1
-        prefetch = min(best.prefetch_factor or 2, self.budget.deepest_prefetch(workers, self.options.max_prefetch))
+        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=best.pin_memory)
+        prefetch = min(best.prefetch, deepest)
         if prefetch < 1 or not self.budget.workers_verifiable(workers):
             return None
         setting = replace(best, num_workers=workers, prefetch_factor=prefetch)
@@ -192,7 +202,7 @@ class Planner:
         note = f"past the predicted core limit of {self.budget.max_workers}: measured, not assumed"
         return _Proposal(setting, note, verify=True)
 
-    def _tried(self, setting: Setting) -> bool:
+    def _tried(self, setting: LoaderSettings) -> bool:
         return any(r.setting == setting for r in self.results)
 
     def _consumer_rate(self) -> float:
@@ -207,7 +217,7 @@ class Planner:
             return None
         consumer = self._consumer_rate()
         best_setting, best_m = best
-        if _winnable(best_setting, best_m) < NEGLIGIBLE_WAIT:
+        if _winnable(best_setting, best_m) < WAIT_OK:
             return self._pinning(best_setting)
         last = self.results[-1].setting
         last_m = self.measurements.get(last)
@@ -237,7 +247,7 @@ class Planner:
             or self._pinning(best_setting)
         )
 
-    def _workers_for(self, setting: Setting, m: Measurement, consumer: float) -> _Proposal | None:
+    def _workers_for(self, setting: LoaderSettings, m: WindowSnapshot, consumer: float) -> _Proposal | None:
         """Little's law on the measured production time: the workers that keep up with the consumer."""
         if m.mean_production_s is None or not math.isfinite(consumer):
             # Without producer metering, double the workers and let the measurement judge.
@@ -255,63 +265,69 @@ class Planner:
                 note = "one more worker (measured rate below the model's)"
         return self._with_workers(setting, wanted, m, note)
 
-    def _replayed_workers(self, setting: Setting, m: Measurement, start: int) -> int:
+    def _replayed_workers(self, setting: LoaderSettings, m: WindowSnapshot, start: int) -> int:
         """The fewest workers from ``start`` whose replayed wait is negligible: the mean hides bursts.
 
         Little's law sizes for the mean production time; with a few slow batches among fast ones, the workers
         that match the mean leave the loop waiting on every burst. Replaying the measured sequences through the
         buffer model finds the count that also absorbs them (within the core budget).
         """
-        if not m.production_profile or not m.step_profile:
+        if not _profile(m.production_s) or not _profile(m.step_s):
             return start
         # Per-worker times: without workers the in-process fetch times are what one worker would take.
-        prefetch = setting.prefetch_factor or 2
+        prefetch = setting.prefetch
         for workers in range(max(1, start), max(1, self.budget.max_workers) + 1):
             run = simulate_buffer(
-                m.production_profile,
-                m.step_profile,
+                _profile(m.production_s),
+                _profile(m.step_s),
                 num_workers=workers,
                 prefetch_factor=prefetch,
-                steps=REPLAY_STEPS,
+                steps=REPLAY_MIN_STEPS,
                 record_levels=False,
             )
-            if run.wait_fraction < NEGLIGIBLE_WAIT:
+            if run.wait_fraction < WAIT_OK:
                 return workers
         return max(1, start)
 
-    def _with_workers(self, setting: Setting, workers: int, m: Measurement, note: str) -> _Proposal | None:
+    def _with_workers(self, setting: LoaderSettings, workers: int, m: WindowSnapshot, note: str) -> _Proposal | None:
         bound = None
         if workers > self.budget.max_workers:
             workers, bound = self.budget.max_workers, self.budget.workers_bound
         if workers < 1:
             return None
-        prefetch = setting.prefetch_factor or 2
-        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch)
+        prefetch = setting.prefetch
+        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=setting.pin_memory)
         while workers >= 1 and deepest < 1:
             workers -= 1
             bound = self.budget.memory_bound
-            deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch) if workers else 0
+            deepest = (
+                self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=setting.pin_memory)
+                if workers
+                else 0
+            )
         if workers < 1:
             return None
         if prefetch > deepest:
             prefetch, bound = deepest, self.budget.memory_bound
         return _Proposal(replace(setting, num_workers=workers, prefetch_factor=prefetch), note, bound)
 
-    def _deeper(self, setting: Setting, m: Measurement, consumer: float) -> _Proposal | None:
+    def _deeper(self, setting: LoaderSettings, m: WindowSnapshot, consumer: float) -> _Proposal | None:
         """A deeper buffer, where the producer keeps up on average but bursts still stall the loop."""
-        if setting.num_workers < 1 or not m.production_profile or not m.step_profile:
+        if setting.num_workers < 1 or not _profile(m.production_s) or not _profile(m.step_s):
             return None
-        if has_deficit(m.production_profile, m.step_profile, setting.num_workers):
+        if has_deficit(_profile(m.production_s), _profile(m.step_s), setting.num_workers):
             return None  # a buffer postpones a deficit, never removes it
         advice = recommend_prefetch(
-            m.production_profile,
-            m.step_profile,
+            _profile(m.production_s),
+            _profile(m.step_s),
             num_workers=setting.num_workers,
             deep_prefetch=self.options.max_prefetch,
         )
-        current = setting.prefetch_factor or 2
+        current = setting.prefetch
         wanted = max(current + 1, advice.prefetch_factor) if advice is not None else 2 * current
-        deepest = self.budget.deepest_prefetch(setting.num_workers, self.options.max_prefetch)
+        deepest = self.budget.deepest_prefetch(
+            setting.num_workers, self.options.max_prefetch, pin_memory=setting.pin_memory
+        )
         bound = None
         if wanted > deepest:
             wanted = deepest
@@ -323,7 +339,7 @@ class Planner:
         proposal = _Proposal(replace(setting, prefetch_factor=wanted), "deeper buffer for bursts (replay)", bound)
         return None if self._tried(proposal.setting) else proposal
 
-    def _pinning(self, setting: Setting) -> _Proposal | None:
+    def _pinning(self, setting: LoaderSettings) -> _Proposal | None:
         if not self.pinning_helps or setting.pin_memory or setting.num_workers < 1:
             return None
         proposal = _Proposal(replace(setting, pin_memory=True), "pinned memory for faster transfers")
@@ -343,11 +359,11 @@ class Planner:
         if best_setting != self.original and best_m.sustained_rate >= before * (1 + self.options.min_gain):
             chosen, after = best_setting, best_m.sustained_rate
         deficit = _winnable(chosen, base if chosen == self.original else best_m)
-        if deficit < NEGLIGIBLE_WAIT:
+        if deficit < WAIT_OK:
             deficit = 0.0
         bounded_by = self._bounded_by(chosen, deficit)
         if chosen == self.original:
-            if _winnable(self.original, base) < NEGLIGIBLE_WAIT:
+            if _winnable(self.original, base) < WAIT_OK:
                 verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
             else:
                 verdict = "no_gain"
@@ -364,11 +380,8 @@ class Planner:
             reason += f" (bounded by {bounded_by}{self._why_no_more(chosen)})"
         persistent = chosen.persistent_workers or self._persistent(chosen, after, startup_s, map_style)
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
-        return TuneDecision(
-            num_workers=chosen.num_workers,
-            prefetch_factor=chosen.prefetch_factor if chosen.num_workers > 0 else None,
-            persistent_workers=persistent,
-            pin_memory=chosen.pin_memory,
+        return TuneDecision.of(
+            replace(chosen, persistent_workers=persistent),
             throughput_before=before,
             throughput_after=after,
             bounded_by=bounded_by,
@@ -382,7 +395,7 @@ class Planner:
             probe_cost_s=cost,
         )
 
-    def _why_no_more(self, chosen: Setting) -> str:
+    def _why_no_more(self, chosen: LoaderSettings) -> str:
         """Why the search did not try more workers than ``chosen``, in words."""
         more = [(s, m) for s, m in self.measurements.items() if s.num_workers > chosen.num_workers]
         if more:
@@ -403,7 +416,7 @@ class Planner:
             return f": the last worker added paid less than {self.options.min_gain:.0%}, so no more were tried"
         return ""
 
-    def _bounded_by(self, chosen: Setting, deficit: float) -> str | None:
+    def _bounded_by(self, chosen: LoaderSettings, deficit: float) -> str | None:
         """The budget that stopped the search short of the compute rate, if any."""
         if deficit <= 0:
             return None
@@ -413,7 +426,7 @@ class Planner:
             return self.budget.memory_bound
         return PROBE_BUDGET if self._ran_out else None
 
-    def _persistent(self, chosen: Setting, rate: float, startup_s: float | None, map_style: bool) -> bool:
+    def _persistent(self, chosen: LoaderSettings, rate: float, startup_s: float | None, map_style: bool) -> bool:
         """Keep workers across epochs when starting them costs a measurable share of an epoch."""
         if not (self.options.tune_persistent_workers and map_style and chosen.num_workers > 0):
             return False
@@ -422,13 +435,10 @@ class Planner:
         epoch_s = self.epoch_steps / rate
         return startup_s >= self.options.persistent_min_share * epoch_s
 
-    def _kept(self, verdict: str, reason: str, before: float | None) -> TuneDecision:
+    def _kept(self, verdict: TuneVerdict, reason: str, before: float | None) -> TuneDecision:
         o = self.original
-        return TuneDecision(
-            num_workers=o.num_workers,
-            prefetch_factor=o.prefetch_factor,
-            persistent_workers=o.persistent_workers,
-            pin_memory=o.pin_memory,
+        return TuneDecision.of(
+            o,
             throughput_before=before,
             throughput_after=before,
             verdict=verdict,
@@ -444,7 +454,7 @@ def _workers(count: int) -> str:
     return f"{count} worker" + ("" if count == 1 else "s")
 
 
-def _winnable(setting: Setting, m: Measurement) -> float:
+def _winnable(setting: LoaderSettings, m: WindowSnapshot) -> float:
     """Share of the loop's time a faster loader could win back.
 
     The measured wait also holds the loop's own fetch overhead, which no loader setting removes. Without
@@ -452,47 +462,44 @@ def _winnable(setting: Setting, m: Measurement) -> float:
     """
     if setting.num_workers == 0 and m.mean_production_s is not None:
         production = m.mean_production_s
-        return min(m.wait_share, production / (production + m.mean_step_s)) if production > 0 else 0.0
-    return m.wait_share
+        return min(m.wait_fraction, production / (production + m.mean_step_s)) if production > 0 else 0.0
+    return m.wait_fraction
 
 
 def model_only_decision(
-    original: Setting, budget: Budget, options: TuneOptions, measurement: Measurement, reason: str
+    original: LoaderSettings, budget: HostBudget, options: TuneOptions, window: WindowSnapshot, reason: str
 ) -> TuneDecision:
     """A decision without probing, where restarting the loader mid-epoch is unsafe (an iterable dataset).
 
     Only the buffer depth may change (more workers would each replay an unsharded dataset): the depth the
     buffer replay recommends for the measured times, applied from the next epoch.
     """
-    result = CandidateResult(original, measurement.sustained_rate, None, measurement.steps, None, "your settings")
-    kept = TuneDecision(
-        num_workers=original.num_workers,
-        prefetch_factor=original.prefetch_factor,
-        persistent_workers=original.persistent_workers,
-        pin_memory=original.pin_memory,
-        throughput_before=measurement.sustained_rate,
-        throughput_after=measurement.sustained_rate,
+    result = CandidateResult(original, window.sustained_rate, None, window.steps, None, "your settings")
+    kept = TuneDecision.of(
+        original,
+        throughput_before=window.sustained_rate,
+        throughput_after=window.sustained_rate,
         verdict="model_only",
         reason=reason + "; the settings are kept",
         original=original,
         candidates=(result,),
     )
-    if original.num_workers < 1 or not measurement.production_profile or not measurement.step_profile:
+    if original.num_workers < 1 or not _profile(window.production_s) or not _profile(window.step_s):
         return kept
     advice = recommend_prefetch(
-        measurement.production_profile,
-        measurement.step_profile,
+        _profile(window.production_s),
+        _profile(window.step_s),
         num_workers=original.num_workers,
         deep_prefetch=options.max_prefetch,
     )
-    current = original.prefetch_factor or 2
+    current = original.prefetch
     if advice is None:
         return replace(
             kept,
             reason=reason + "; the producer is slower than the loop on average, which no buffer "
             "depth fixes; the settings are kept",
         )
-    deepest = budget.deepest_prefetch(original.num_workers, options.max_prefetch)
+    deepest = budget.deepest_prefetch(original.num_workers, options.max_prefetch, pin_memory=original.pin_memory)
     wanted = min(advice.prefetch_factor, deepest)
     if wanted <= current:
         return kept

@@ -1,0 +1,319 @@
+"""The loader monitor: the meters and the loader probe behind one object that produces window snapshots.
+
+Plain Python, no framework: an adapter feeds it timestamps (fetch start and end, step start, excluded time)
+and the train loader; anything that reasons about the measurements (the diagnosis, the tuner, the logged
+metrics) reads :class:`~lightning_loadguard.meters.window.WindowSnapshot`\\ s from it. As Lightning's
+``Throughput`` under its ``ThroughputMonitor`` callback: ``update`` calls, :meth:`LoaderMonitor.snapshot`,
+:meth:`LoaderMonitor.reset`.
+
+Example:
+    >>> monitor = LoaderMonitor(window=10)
+    >>> for start in (0.0, 0.1, 0.2):
+    ...     monitor.fetch_started(start); monitor.fetch_finished(start + 0.02)
+    >>> monitor.close_step(0.3)
+    >>> snap = monitor.snapshot()
+    >>> snap.steps, round(snap.wait_fraction, 2)
+    (3, 0.2)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_loadguard.meters.consumer import ConsumerMeter
+from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
+from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
+from lightning_loadguard.meters.host import batch_nbytes, host_facts
+from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
+from lightning_loadguard.meters.producer import ProducerMeter
+from lightning_loadguard.meters.settings import LoaderSettings, settings_of
+from lightning_loadguard.meters.window import WindowSnapshot
+
+DEVICE_TIMELINE = "measuring the device timeline"
+_CPU = "measuring the host's CPU use"
+
+PRODUCER_WINDOWS = 4
+"""Production is averaged over this many windows of batches: a burst every few dozen batches would otherwise
+swing the capacity by a burst's share of one window."""
+
+
+@dataclass(frozen=True)
+class WindowMark:
+    """Where a window began: the time, the steps completed and the batches made by then."""
+
+    at: float
+    steps: int
+    batches: int
+
+
+class LoaderMonitor:
+    """Owns the consumer meter, the producer meter, the loader probe and the device timeline of one training
+    process.
+
+    Args:
+        window: steps in the rolling window of :meth:`snapshot`.
+        guarded: runs ``fn(*args)`` for a measurement named ``what`` and returns ``None`` when it failed (now
+            or before): the device timeline is then left off. By default failures propagate.
+        on_error: told what failed and why when the loader probe's own code fails inside the loader.
+    """
+
+    def __init__(
+        self,
+        window: int,
+        guarded: Callable[..., Any] | None = None,
+        on_error: Callable[[str, Exception], None] | None = None,
+    ) -> None:
+        self.window = window
+        self._guarded = guarded or _unguarded
+        self._timeline: DeviceTimeline | None = None
+        self._cpu = CpuSampler()
+        self._cpu_use: CpuUse | None = None
+        self.accelerator = False
+        """Whether the step runs on an accelerator."""
+        self._consumer = ConsumerMeter(window)
+        self._producer = ProducerMeter(PRODUCER_WINDOWS * window)
+        self._probe = LoaderProbe(self._producer, self._epoch_started, self._fetch_observed, on_error)
+        self._epoch_start_s: deque[float] = deque(maxlen=16)
+        self._loader: Any = None
+        self.settings = LoaderSettings()
+        """The train loader's settings as last read."""
+        self.producer_instrumented = False
+        """Whether production is metered inside the loader (else only the loop's side is)."""
+        self.batch_bytes: int | None = None
+        """Bytes of the latest measured batch in host memory."""
+        self.processes_on_host = 1
+        """Training processes on this host (known once the ranks' figures were combined)."""
+        self.on_settings_changed: Callable[[LoaderSettings], None] | None = None
+        """Called with the settings before, when :meth:`loader_changed` finds them changed."""
+
+    def resize(self, window: int) -> None:
+        """A new window length (the windows keep their latest figures)."""
+        if window == self.window:
+            return
+        self.window = window
+        self._consumer.resize(window)
+        self._producer.resize(PRODUCER_WINDOWS * window)
+        if self._timeline is not None:
+            self._timeline.resize(window)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is detached from the fit: it keeps the figures, not the loader or the device's events.
+        state = dict(self.__dict__)
+        state.update(_loader=None, producer_instrumented=False, _timeline=None)
+        return state
+
+    # -- update ----------------------------------------------------------------------------------------
+
+    def fetch_started(self, now: float) -> None:
+        """The loop asks for its next batch (this closes the previous step)."""
+        self._consumer.fetch_started(now)
+        # Every step passes here: the device is checked inline, without a call when there is none.
+        if self._timeline is not None:
+            self._device(DeviceTimeline.fetch_started)
+
+    def fetch_finished(self, now: float) -> None:
+        if self._timeline is not None:
+            self._device(DeviceTimeline.fetch_finished)
+        self._consumer.fetch_finished(now)
+
+    def step_started(self, now: float | None = None) -> None:
+        """The step begins (call first in the step): the batch was handed to the device, and the time since it
+        arrived went to handing it over. ``now`` defaults to the clock after the device has been told."""
+        if self._timeline is not None:
+            self._device(DeviceTimeline.batch_on_device)
+        self._consumer.step_started(time.perf_counter() if now is None else now)
+
+    def step_ended(self) -> None:
+        """The step's work was launched (call first, before anything that may wait for the device)."""
+        if self._timeline is not None:
+            self._device(DeviceTimeline.step_ended)
+
+    def break_chain(self) -> None:
+        """Something that is not the training loop runs next (validation, the epoch's end)."""
+        if self._timeline is not None:
+            self._device(DeviceTimeline.break_chain)
+
+    def exclude(self, seconds: float) -> None:
+        """Time inside the current step that is not training (a validation run)."""
+        self._consumer.exclude(seconds)
+
+    def close_step(self, now: float) -> None:
+        """End the open step (the epoch ended)."""
+        self._consumer.close_step(now)
+
+    def measure_batch(self, batch: Any) -> None:
+        """Size a batch in host memory (for the memory budget)."""
+        size = batch_nbytes(batch)
+        if size:
+            self.batch_bytes = size
+
+    def _epoch_started(self, seconds: float) -> None:
+        self._epoch_start_s.append(seconds)
+
+    def _fetch_observed(self, ready: bool | None, level: int | None, startup_s: float) -> None:
+        self._consumer.fetch_observed(ready, level, startup_s)
+        if startup_s > 0 and self._epoch_start_s:
+            self._epoch_start_s[-1] += startup_s
+
+    # -- the loader ------------------------------------------------------------------------------------
+
+    @property
+    def loader(self) -> Any:
+        """The instrumented train loader, or ``None``."""
+        return self._loader
+
+    def attach(self, loaders: list[Any]) -> str | None:
+        """Instrument the train loader; returns why the producer side cannot be measured, or ``None``."""
+        if len(loaders) == 1 and loaders[0] is self._loader:
+            return None
+        self.detach()
+        if len(loaders) != 1:
+            return f"the trainer iterates {len(loaders)} train loaders at once"
+        loader = loaders[0]
+        reason = instrument(loader, self._probe)
+        self.settings = settings_of(loader)
+        if reason is not None:
+            return reason
+        self._loader = loader
+        self.producer_instrumented = True
+        return None
+
+    def detach(self) -> None:
+        """Give the loader back its own class."""
+        if self._loader is not None:
+            restore(self._loader)
+            self._loader = None
+        self.producer_instrumented = False
+
+    def loader_changed(self, loader: Any) -> None:
+        """The loader's settings changed in place: the windows start afresh for the new settings."""
+        before, self.settings = self.settings, settings_of(loader)
+        if self.settings != before and self.on_settings_changed is not None:
+            self.on_settings_changed(before)
+        # The switch restarts the workers between two steps: that gap is not the loop's.
+        self.break_chain()
+        self.reset()
+
+    # -- the device ------------------------------------------------------------------------------------
+
+    def attach_device(self, new_event: Callable[[], DeviceEvent] | None) -> None:
+        """Read the accelerator's own timeline through ``new_event`` (``None``: there is none)."""
+        self._timeline = DeviceTimeline(new_event, self.window) if new_event is not None else None
+
+    def _device(self, call: Callable[[DeviceTimeline], Any]) -> None:
+        timeline = self._timeline
+        if timeline is not None and self._guarded(DEVICE_TIMELINE, _ran, call, timeline) is None:
+            self._timeline = None  # failed: the host's figures stand alone from now on
+
+    def sample_cpu(self) -> None:
+        """Read the host's CPU use (at the start of fit, and with each rolling snapshot)."""
+        self._cpu_use = self._guarded(_CPU, self._cpu.sample) or self._cpu_use
+
+    def _device_records(self) -> list[DeviceStep]:
+        self._device(DeviceTimeline.poll)
+        return self._timeline.records() if self._timeline is not None else []
+
+    # -- snapshot --------------------------------------------------------------------------------------
+
+    def mark(self) -> WindowMark:
+        """The start of a window for :meth:`snapshot` ``(since=...)``."""
+        self._producer.poll()
+        return WindowMark(time.perf_counter(), self._consumer.total_steps, self._producer.total_batches)
+
+    def snapshot(self, since: WindowMark | None = None) -> WindowSnapshot:
+        """This process's measurements: over the rolling window, or over the steps completed since ``since``.
+
+        With ``since`` the producer's figures are the batches made since then (``batches_made`` counts them),
+        so a buffer that drains during the window does not pass for production.
+        """
+        producer = self._producer
+        producer.poll()
+        records = self._consumer.records()
+        metered = self.producer_instrumented
+        durations, cpu, queued = producer.durations(), producer.cpu_durations(), producer.queued_durations()
+        made: int | None = None
+        if since is not None:
+            records = records[len(records) - min(len(records), self._consumer.total_steps - since.steps) :]
+            made = producer.total_batches - since.batches
+            keep = len(durations) - min(len(durations), max(0, made))
+            durations, cpu, queued = durations[keep:], cpu[keep:], queued[keep:]
+        device = self._device_records()
+        if since is None:
+            self.sample_cpu()
+        else:
+            # The device's steps are read a step or two behind the host's; with under half of them the window
+            # stays on the host's clock.
+            device = device[-len(records) :] if records else []
+            device = device if len(device) >= len(records) / 2 else []
+        ready = tuple(r.ready for r in records if r.ready is not None)
+        # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
+        levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
+        return WindowSnapshot(
+            wait_s=tuple(r.wait_s for r in records),
+            step_s=tuple(r.step_s for r in records),
+            transfer_s=tuple(r.transfer_s for r in records),
+            settings=self.settings,
+            host=host_facts(self.processes_on_host),
+            ready=ready if len(ready) == len(records) and ready else None,
+            buffer_level=levels if len(levels) >= len(records) // 2 and levels else None,
+            production_s=durations if metered else (),
+            production_cpu_s=cpu if metered else (),
+            production_queued_s=queued if metered else (),
+            producer_rate=producer.capacity() if metered and since is None else None,
+            epoch_start_s=tuple(self._epoch_start_s),
+            batch_bytes=self.batch_bytes,
+            producer_instrumented=metered,
+            batches_made=made if metered else None,
+            device_step_s=tuple(r.step_s for r in device),
+            device_data_idle_s=tuple(r.data_idle_s for r in device),
+            device_loop_idle_s=tuple(r.loop_idle_s for r in device),
+            device_copy_s=tuple(r.copy_s for r in device),
+            cpu=self._cpu_use,
+            accelerator=self.accelerator,
+        )
+
+    def reset(self) -> None:
+        """Forget the rolling window (lifetime totals are kept)."""
+        self._consumer.clear()
+        if self._timeline is not None:
+            self._timeline.clear()
+
+    # -- lifetime totals -------------------------------------------------------------------------------
+
+    @property
+    def epoch_start_s(self) -> tuple[float, ...]:
+        """Iterator start-up times of recent epochs."""
+        return tuple(self._epoch_start_s)
+
+    @property
+    def total_steps(self) -> int:
+        return self._consumer.total_steps
+
+    @property
+    def total_wait_s(self) -> float:
+        return self._consumer.total_wait_s
+
+    @property
+    def total_step_s(self) -> float:
+        return self._consumer.total_step_s
+
+    @property
+    def total_batches_made(self) -> int:
+        return self._producer.total_batches
+
+    @property
+    def total_busy_s(self) -> float:
+        return self._producer.total_busy_s
+
+
+def _unguarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def _ran(call: Callable[[DeviceTimeline], Any], timeline: DeviceTimeline) -> bool:
+    call(timeline)
+    return True
