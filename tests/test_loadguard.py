@@ -201,12 +201,12 @@ def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
 
 
 def test_warnings_read_as_sentences_without_internal_file_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_loadguard.callback as callback_module
+    import lightning_loadguard.meters.monitor as monitor_module
 
     def broken(batch: Any) -> int:
         raise RuntimeError("cannot size this batch")
 
-    monkeypatch.setattr(callback_module, "batch_nbytes", broken)
+    monkeypatch.setattr(monitor_module, "batch_nbytes", broken)
     guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

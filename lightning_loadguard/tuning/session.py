@@ -122,7 +122,7 @@ def tuner_budget(window: WindowSnapshot, options: TuneOptions, devices_on_host: 
 
     Example:
         >>> from lightning_loadguard.meters.window import HostFacts
-        >>> window = WindowSnapshot(wait_s=(0.0,), step_s=(0.1,), host=HostFacts(cpu_count=16), loop_cores=1.0)
+        >>> window = WindowSnapshot(wait_s=(0.0,), step_s=(0.1,), host=HostFacts(cpu_count=16))
         >>> tuner_budget(window, TuneOptions()).max_workers, tuner_budget(window, TuneOptions(), 4).max_workers
         (15, 3)
     """
