@@ -160,7 +160,7 @@ def test_probe_refuses_what_it_cannot_instrument() -> None:
     assert "not a torch DataLoader" in instrument([1, 2, 3], probe)
 
 
-def test_combine_ranks_takes_the_worst_rank_and_sums_per_host() -> None:
+def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
     def rank(wait: float, host: float, nbytes: float) -> RankFigures:
         values = dict.fromkeys(FIELDS, 1.0)
         values.update(wait_fraction=wait, host_key=host, inflight_bytes=nbytes, gpu_util=float("nan"))

@@ -1,9 +1,10 @@
 """Auto-tuning the train loader's worker settings in epoch 0 (``LoadGuard(auto_tune=True)``).
 
-The core is plain Python: :mod:`~lightning_loadguard.tuning.options` (limits), :mod:`~.budget` (cores, memory
-and ``/dev/shm`` per training process), :mod:`~.decision` (settings, windows, the decision) and
-:mod:`~.planner` (which setting to measure next and what to keep). :mod:`~.session` is the thin Lightning
-adapter that measures windows and switches the loader in place.
+Plain Python, no Lightning: :mod:`~lightning_loadguard.tuning.options` (limits), :mod:`~.decision` (a
+candidate's result and the decision), :mod:`~.planner` (which setting to measure next and what to keep) and
+:mod:`~.session` (cuts windows from the loader monitor's snapshots and switches the loader in place, reaching
+the training loop through a ``TrainerPort``). The host budget is :mod:`lightning_loadguard.model.budget`, the
+same the diagnosis uses; the Lightning side is ``lightning_loadguard._tuner_adapter``.
 
 Example:
     >>> from lightning_loadguard.tuning import TuneOptions
