@@ -86,3 +86,16 @@ def test_the_internals_read_exist_in_the_installed_lightning() -> None:
     assert hasattr(trainer._checkpoint_connector, "_loaded_checkpoint")
     source = inspect.getsource(type(fit_loop.epoch_loop))
     assert '].train_dataloader_next"' in source and type(fit_loop.epoch_loop).__name__ == "_TrainingEpochLoop"
+def test_lightning_internals_are_touched_only_in_the_compatibility_module() -> None:
+    internals = _lightning_internals()
+    outside = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(SEAM):
+            continue
+        hits = _uses(path, internals)
+        if hits:
+            outside[relative] = hits
+    assert not outside, f"Lightning internals outside _lightning: {outside}"
+
+
