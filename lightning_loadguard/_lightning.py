@@ -9,6 +9,7 @@ other module of the package touches a Lightning private name (the same test grep
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -90,6 +91,27 @@ class FetchTimingProfiler:
 
 
 _PROXY_SLOTS = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "profile"})
+
+
+def is_tensorboard_logger(logger: object) -> bool:
+    """Whether ``logger`` is a ``TensorBoardLogger`` (or a subclass) of either Lightning distribution loaded.
+
+    Public classes, no internals: a run may use ``pytorch_lightning``'s logger while this module imported
+    ``lightning.pytorch`` (or the reverse), and the two classes are distinct.
+
+    Example:
+        >>> is_tensorboard_logger(pl.loggers.TensorBoardLogger("/tmp")), is_tensorboard_logger(object())
+        (True, False)
+    """
+    classes = tuple(
+        cls
+        for cls in (getattr(sys.modules.get(name), "TensorBoardLogger", None) for name in _LOGGER_MODULES)
+        if isinstance(cls, type)
+    )
+    return isinstance(logger, classes)
+
+
+_LOGGER_MODULES = ("lightning.pytorch.loggers", "pytorch_lightning.loggers")
 
 
 def install_profiler(trainer: Any, proxy_factory: Callable[[Any], FetchTimingProfiler]) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from lightning_utilities.core.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard._patches import Patches
@@ -30,6 +31,8 @@ from lightning_loadguard.model.stable import StableDiagnosis
 from lightning_loadguard.report import format_summary, plain_text
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
     from lightning_loadguard._tuner_adapter import TunerAdapter
     from lightning_loadguard.tuning import TuneDecision, TuneOptions
 
@@ -226,7 +229,8 @@ class LoadGuard(_pl.Callback):
 
     # -- hooks -----------------------------------------------------------------------------------------
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._trainer = weakref.ref(trainer)
@@ -246,7 +250,8 @@ class LoadGuard(_pl.Callback):
         if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._window_given:
             self._adapt_window(trainer.num_training_batches)
         if self._monitor.loader is None:
@@ -274,24 +279,29 @@ class LoadGuard(_pl.Callback):
         if layout is None:
             return
         for logger in trainer.loggers:
-            if type(logger).__name__ != "TensorBoardLogger":
+            if not _pl.is_tensorboard_logger(logger):
                 continue
             # The logger's own call: its failure reaches the user as any logger failure would.
             experiment = logger.experiment
             if hasattr(experiment, "add_custom_scalars"):
                 experiment.add_custom_scalars(layout)
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._validation_start = time.perf_counter()
             self._guarded(_STEP_TIMING, self._monitor.break_chain)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._validation_start is not None:
             self._guarded(_STEP_TIMING, self._monitor.exclude, time.perf_counter() - self._validation_start)
             self._validation_start = None
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         # First: Lightning's batch_to_device has just launched the copy. From the batch's arrival to here:
         # input conversion and the copy to the device.
         if _STEP_TIMING not in self._switched_off:
@@ -303,7 +313,10 @@ class LoadGuard(_pl.Callback):
             self._measure_batch = False
             self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         # First, before any logging here or in later callbacks can make the host wait for the device.
         self._monitor.step_ended()
         if self._should_log(trainer):
@@ -311,7 +324,8 @@ class LoadGuard(_pl.Callback):
         if self._tuner is not None:
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guarded(_STEP_TIMING, self._monitor.close_step, time.perf_counter())
         self._monitor.break_chain()
         if trainer.current_epoch == 0:
@@ -321,19 +335,23 @@ class LoadGuard(_pl.Callback):
                 text = plain_text(self.diagnosis.to_text())
                 _print_on_rank_zero(trainer, f"LoadGuard after the first epoch:\n{text}")
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The closing figures, on every rank (the ranks' figures are combined collectively).
         self._publish(trainer, log=False)
 
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.print_summary and trainer.global_rank == 0:
             summary = self._guarded("printing the summary", self.summary)
             if summary:
                 _print_on_rank_zero(trainer, summary)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"tuner": self._tuner.state_dict()} if self._tuner is not None else {}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self._tuner is not None and "tuner" in state_dict:
             self._tuner.load_state_dict(state_dict["tuner"])
@@ -343,11 +361,13 @@ class LoadGuard(_pl.Callback):
         """The auto-tuner's outcome (``None`` without ``auto_tune`` or before it decided)."""
         return self._tuner.decision if self._tuner is not None else None
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._undo_patches()
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning skips teardown when fit raises: the user's loader, profiler and fit loop are theirs again.
         self._undo_patches()
 
@@ -448,7 +468,7 @@ class LoadGuard(_pl.Callback):
         )
         for logger in trainer.loggers:
             experiment = getattr(logger, "experiment", None)
-            if type(logger).__name__ == "TensorBoardLogger" and hasattr(experiment, "add_text"):
+            if _pl.is_tensorboard_logger(logger) and hasattr(experiment, "add_text"):
                 experiment.add_text("loadguard/loader_settings", text, global_step=_pl.log_step(trainer))
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
@@ -463,7 +483,7 @@ class LoadGuard(_pl.Callback):
                 _print_on_rank_zero(trainer, f"LoadGuard: {draining}")
         for logger in trainer.loggers:
             # The loggers' own calls, unguarded: a logger's failure is the user's to see.
-            if type(logger).__name__ == "TensorBoardLogger":
+            if _pl.is_tensorboard_logger(logger):
                 experiment = logger.experiment
                 if hasattr(experiment, "add_text"):
                     experiment.add_text("loadguard/diagnosis", text, global_step=step)

@@ -99,3 +99,35 @@ def test_lightning_internals_are_touched_only_in_the_compatibility_module() -> N
     assert not outside, f"Lightning internals outside _lightning: {outside}"
 
 
+
+
+def test_tensorboard_loggers_are_recognised_by_class_of_either_distribution(tmp_path: Path) -> None:
+    import pytorch_lightning
+
+    from lightning_loadguard._lightning import is_tensorboard_logger
+
+    class Mine(pl.loggers.TensorBoardLogger):
+        pass
+
+    class TensorBoardLogger:  # the same name, another class
+        experiment = None
+
+    assert is_tensorboard_logger(pl.loggers.TensorBoardLogger(str(tmp_path)))
+    assert is_tensorboard_logger(Mine(str(tmp_path)))
+    assert is_tensorboard_logger(pytorch_lightning.loggers.TensorBoardLogger(str(tmp_path)))
+    assert not is_tensorboard_logger(TensorBoardLogger())
+    assert not is_tensorboard_logger(pl.loggers.CSVLogger(str(tmp_path)))
+
+
+def test_every_hook_loadguard_implements_is_a_callback_hook_marked_override() -> None:
+    from lightning_loadguard import LoadGuard
+
+    hooks = {name for name in vars(pl.Callback) if not name.startswith("_")} & set(vars(LoadGuard))
+    assert {"setup", "on_train_batch_end", "teardown", "on_exception", "state_dict"} <= hooks
+    for name in hooks:
+        function = vars(LoadGuard)[name]
+        function = getattr(function, "fget", function)
+        assert getattr(function, "__override__", False), f"LoadGuard.{name} lacks @override"
+    for name, function in vars(LoadGuard).items():
+        if getattr(function, "__override__", False):
+            assert hasattr(pl.Callback, name), f"LoadGuard.{name} is marked @override but overrides nothing"
