@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import warnings
 from pathlib import Path
 
+import pytest
 import torch.utils.data
 
 from lightning_loadguard._lightning import pl
@@ -101,7 +103,11 @@ def test_lightning_internals_are_touched_only_in_the_compatibility_module() -> N
 
 
 
-def test_tensorboard_loggers_are_recognised_by_class_of_either_distribution(tmp_path: Path) -> None:
+def test_tensorboard_loggers_are_recognised_by_class_of_either_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Importing pytorch_lightning installs its own warning format over LoadGuard's: undone after this test.
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     import pytorch_lightning
 
     from lightning_loadguard._lightning import is_tensorboard_logger
