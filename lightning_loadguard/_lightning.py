@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +52,7 @@ class FetchTimingProfiler:
     """
 
     def __init__(
-        self, inner: Any, on_fetch_start: Callable[[float], None], on_fetch_stop: Callable[[float], None]
+        self, inner: Any, on_fetch_start: Callable[[], None], on_fetch_stop: Callable[[], None]
     ) -> None:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_on_fetch_start", on_fetch_start)
@@ -67,11 +66,11 @@ class FetchTimingProfiler:
     def start(self, action_name: str) -> None:
         self._inner.start(action_name)
         if _is_fetch(action_name):
-            self._on_fetch_start(time.perf_counter())
+            self._on_fetch_start()
 
     def stop(self, action_name: str) -> None:
         if _is_fetch(action_name):
-            self._on_fetch_stop(time.perf_counter())
+            self._on_fetch_stop()
         self._inner.stop(action_name)
 
     def __getattr__(self, name: str) -> Any:

@@ -188,18 +188,19 @@ class LoadGuard(_pl.Callback):
             self._say_once(f"{err}.")
         self._switched_off.add(what)
 
-    def _on_fetch_start(self, now: float) -> None:
-        # On the training loop's fetch path: nothing LoadGuard computes may reach it (nor end an epoch).
+    def _on_fetch_start(self) -> None:
+        # On the training loop's fetch path: nothing LoadGuard computes may reach it, nor end an epoch (the
+        # clock is read in here too: a StopIteration from anywhere in a hook ends Lightning's epoch).
         if _FETCH_TIMING not in self._switched_off:
             try:
-                self._monitor.fetch_started(now)
+                self._monitor.fetch_started(time.perf_counter())
             except Exception as err:
                 self._switch_off(_FETCH_TIMING, err)
 
-    def _on_fetch_stop(self, now: float) -> None:
+    def _on_fetch_stop(self) -> None:
         if _FETCH_TIMING not in self._switched_off:
             try:
-                self._monitor.fetch_finished(now)
+                self._monitor.fetch_finished(time.perf_counter())
             except Exception as err:
                 self._switch_off(_FETCH_TIMING, err)
 
@@ -289,14 +290,14 @@ class LoadGuard(_pl.Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._validation_start = time.perf_counter()
+            self._validation_start = self._guarded(_STEP_TIMING, time.perf_counter)
             self._guarded(_STEP_TIMING, self._monitor.break_chain)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._validation_start is not None:
-            self._guarded(_STEP_TIMING, self._monitor.exclude, time.perf_counter() - self._validation_start)
-            self._validation_start = None
+        started, self._validation_start = self._validation_start, None
+        if started is not None:
+            self._guarded(_STEP_TIMING, lambda: self._monitor.exclude(time.perf_counter() - started))
 
     @override
     def on_train_batch_start(
@@ -318,7 +319,11 @@ class LoadGuard(_pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # First, before any logging here or in later callbacks can make the host wait for the device.
-        self._monitor.step_ended()
+        if _STEP_TIMING not in self._switched_off:
+            try:
+                self._monitor.step_ended()
+            except Exception as err:
+                self._switch_off(_STEP_TIMING, err)
         if self._should_log(trainer):
             self._publish(trainer)
         if self._tuner is not None:
@@ -326,8 +331,8 @@ class LoadGuard(_pl.Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._guarded(_STEP_TIMING, self._monitor.close_step, time.perf_counter())
-        self._monitor.break_chain()
+        self._guarded(_STEP_TIMING, lambda: self._monitor.close_step(time.perf_counter()))
+        self._guarded(_STEP_TIMING, self._monitor.break_chain)
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)

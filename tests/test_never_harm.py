@@ -267,6 +267,27 @@ def test_a_failure_on_the_fetch_path_never_reaches_training(monkeypatch: pytest.
     assert any("timing the training loop's fetch failed" in note for note in guard._said)
 
 
+def test_a_clock_that_stops_never_ends_an_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mocked clock that runs out (as in tests that mock ``time.perf_counter`` with a short list of values)
+    raises StopIteration inside LoadGuard's hooks; Lightning's epoch loop would take it for the data's end."""
+    import time
+    import types
+
+    from lightning_loadguard import _lightning, callback
+    from lightning_loadguard.meters import loader_probe
+
+    make = loader_of(DataLoader, 0)
+    untouched, _ = train(make, None)
+    ticks = iter(range(40))
+    stopping = types.SimpleNamespace(
+        perf_counter=lambda: float(next(ticks)), thread_time=time.thread_time, monotonic=time.monotonic
+    )
+    for module in (callback, _lightning, loader_probe):
+        monkeypatch.setattr(module, "time", stopping, raising=False)
+    seen, _ = train(make, LoadGuard(print_summary=False))
+    assert seen == untouched and len(seen) == 2 * 48
+
+
 def test_a_failure_in_the_worker_side_timing_never_reaches_training(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_loadguard.meters import producer
 

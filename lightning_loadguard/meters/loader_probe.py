@@ -120,13 +120,23 @@ class LoaderProbe:
             self.fail("instrumenting the loader's iterator", err)
         return iterator
 
-    def iterated(self, loader: DataLoader, result: object, seconds: float) -> None:
-        """``iter(loader)`` returned ``result`` after ``seconds``: an epoch starts."""
+    def clock(self) -> float | None:
+        """Now, or ``None`` once the probe failed (reading the clock is the probe's own code too)."""
+        if self.failed:
+            return None
+        try:
+            return time.perf_counter()
+        except Exception as err:
+            self.fail("measuring epoch start-up", err)
+            return None
+
+    def iterated(self, loader: DataLoader, result: object, started: float) -> None:
+        """``iter(loader)``, started at ``started``, returned ``result``: an epoch starts."""
         if self.failed:
             return
         try:
             if isinstance(result, _BaseDataLoaderIter):
-                self.on_epoch_start(seconds)
+                self.on_epoch_start(time.perf_counter() - started)
             elif not self._said_unmeasured:
                 # The class's own __iter__ wraps torch's iterator (a generator, map(), ...): workers start
                 # at its first next(), inside the epoch's first fetch, not inside iter().
@@ -259,10 +269,10 @@ def _probed_class(cls: type) -> type:
 
     def __iter__(self: Any) -> Any:
         probe: LoaderProbe | None = self.__dict__.get(_PROBE_ATTR)
-        start = time.perf_counter()
+        start = probe.clock() if probe is not None else None
         iterator = super(probed, self).__iter__()
-        if probe is not None:
-            probe.iterated(self, iterator, time.perf_counter() - start)
+        if probe is not None and start is not None:
+            probe.iterated(self, iterator, start)
         return iterator
 
     def _get_iterator(self: Any) -> Any:
