@@ -24,6 +24,8 @@ Callback = pl.Callback
 
 _FETCH_ACTION_SUFFIX = "].train_dataloader_next"
 _FETCH_ACTION_PREFIX = "[_TrainingEpochLoop"
+FETCH_ACTION = f"{_FETCH_ACTION_PREFIX}{_FETCH_ACTION_SUFFIX}"
+"""The profiler action that brackets each training fetch, as the user's own profiler reports it."""
 
 
 _fetch_actions: dict[str, bool] = {}
@@ -48,7 +50,8 @@ class FetchTimingProfiler:
 
     The action name is ``f"[{type(self).__name__}].train_dataloader_next"`` in ``_TrainingEpochLoop`` in
     Lightning 2.0.0 to 2.6.6 (sources checked). Where it differs, no fetch is timed: the consumer's figures
-    (wait, step, throughput) read "not measured"; the producer's are measured in the workers regardless.
+    (wait, step, throughput) read "not measured", LoadGuard says so once at the end of the epoch, and the
+    producer's are measured in the workers regardless.
     """
 
     def __init__(

@@ -333,6 +333,13 @@ class LoadGuard(_pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._guarded(_STEP_TIMING, lambda: self._monitor.close_step(time.perf_counter()))
         self._guarded(_STEP_TIMING, self._monitor.break_chain)
+        if self._monitor.total_steps == 0 and _pl.consumed_in_epoch(trainer) > 0:
+            self._say_once(
+                f"no fetch of the training loop was seen (Lightning's profiler action {_pl.FETCH_ACTION} never "
+                "ran: a training_step that takes the dataloader iterator, or another Lightning version), so data "
+                "wait, step time and throughput are not measured; producer capacity still is. Training is not "
+                "affected."
+            )
         if trainer.current_epoch == 0:
             # The first epoch's verdict, once, while there is still time to act on it.
             self._publish(trainer, log=False)

@@ -137,3 +137,30 @@ def test_every_hook_loadguard_implements_is_a_callback_hook_marked_override() ->
     for name, function in vars(LoadGuard).items():
         if getattr(function, "__override__", False):
             assert hasattr(pl.Callback, name), f"LoadGuard.{name} is marked @override but overrides nothing"
+
+
+def _fit_and_say(max_epochs: int) -> tuple[list[str], dict[str, float]]:
+    from pipelines import quiet_trainer
+
+    from lightning_loadguard import LoadGuard
+    from lightning_loadguard._warnings import LoadGuardWarning
+    from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_trainer(callbacks=[guard], max_epochs=max_epochs).fit(TimedModule(), timed_loader(TimedDataset(24), 4))
+    said = [str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning)]
+    return [m for m in said if "no fetch of the training loop was seen" in m], guard.metrics
+
+
+def test_a_fetch_action_lightning_no_longer_names_is_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_loadguard import _lightning
+
+    said, _ = _fit_and_say(max_epochs=1)
+    assert said == []  # Lightning as installed names its fetches
+    monkeypatch.setattr(_lightning, "_FETCH_ACTION_SUFFIX", "].renamed_in_another_version")
+    monkeypatch.setattr(_lightning, "_fetch_actions", {})
+    said, metrics = _fit_and_say(max_epochs=2)
+    assert len(said) == 1 and "[_TrainingEpochLoop].train_dataloader_next" in said[0]
+    assert "loadguard/wait_fraction" not in metrics and "loadguard/producer_rate" in metrics
