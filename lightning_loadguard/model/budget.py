@@ -24,6 +24,7 @@ from typing import Any, Literal
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.capacity import _count
+from lightning_loadguard.model.contention import CoreCheck, check_cores
 
 WorkersBound = Literal["cores", "max_workers"]
 MemoryBound = Literal["host_memory", "shm"]
@@ -270,6 +271,46 @@ def snapshot_budget(snapshot: WindowSnapshot, **limits: Any) -> HostBudget:
         cpu_share=snapshot.cpu_share,
         loop_cores=snapshot.cpu.loop_cores if snapshot.cpu is not None else None,
         **limits,
+    )
+
+
+def snapshot_cores(snapshot: WindowSnapshot, *, target_rate: float) -> CoreCheck | None:
+    """The host's CPU as measured over one window, projected to a loop running at ``target_rate`` steps/s with
+    its batches made by workers: the cores the step's own threads and the workers would need against the cores
+    this process may use less what other work used (``None`` where CPU use was not measured).
+
+    Where the count of workers is a prediction (:func:`worker_budget`), this says whether the cores carry a fix
+    for certain; the diagnosis states a fix as certain only where they do, and the tuner measures the rest.
+    Other training ranks of the host are assumed to use what this one does (they apply the same fix), so they
+    are counted as this process's, not as other work.
+
+    Example:
+        >>> from lightning_loadguard.meters.cpu import CpuUse
+        >>> use = CpuUse(window_s=2.0, usable_cores=2.0, host_cores=2, loop_cores=1.5, worker_cores=0.0,
+        ...              busy_cores=1.5)
+        >>> snap = WindowSnapshot(wait_s=(0.03,) * 8, step_s=(0.03,) * 8, host=HostFacts(cpu_count=2),
+        ...                       production_s=(0.03,) * 8, production_cpu_s=(0.03,) * 8, cpu=use)
+        >>> snapshot_cores(snap, target_rate=1 / 0.03).fits
+        False
+    """
+    cpu, batch_cpu = snapshot.cpu, snapshot.batch_cpu_s
+    if cpu is None or batch_cpu is None or snapshot.throughput <= 0 or not math.isfinite(target_rate):
+        return None
+    # The loop's CPU per step; without workers it holds the batch making, which a worker would take over.
+    loop_per_step = cpu.loop_cores / snapshot.throughput
+    step_cpu = max(0.0, loop_per_step - (batch_cpu if snapshot.settings.num_workers == 0 else 0.0))
+    processes = max(1, snapshot.host.processes_on_host)
+    # What keeps cores from this process: other work on its CPUs, or its container's quota.
+    used = cpu.usable_cores - cpu.spare_cores
+    others = max(0.0, used - cpu.training_cores * processes)
+    return check_cores(
+        target_rate=target_rate,
+        step_cpu_s=step_cpu,
+        batch_cpu_s=batch_cpu,
+        usable_cores=cpu.usable_cores,
+        other_cores=others,
+        processes_on_host=processes,
+        busy_now=None if cpu.busy_cores is None else used,
     )
 
 

@@ -17,7 +17,7 @@ from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model import budget as hb
 from lightning_loadguard.model import capacity as cap
 from lightning_loadguard.model.buffer import steady_state_wait
-from lightning_loadguard.model.contention import CoreCheck, check_cores
+from lightning_loadguard.model.contention import CoreCheck
 from lightning_loadguard.model.drain import DrainAlarm, drain_from_levels, drain_from_rates
 from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Evidence, Finding, _plural
 
@@ -223,27 +223,7 @@ def _rates(facts: _Facts) -> Evidence:
 
 def _core_check(facts: _Facts) -> CoreCheck | None:
     """The cores the loop and its workers would need at the step's own rate, or ``None`` where unmeasured."""
-    snap, cpu = facts.snap, facts.snap.cpu
-    batch_cpu = snap.batch_cpu_s
-    if cpu is None or batch_cpu is None or snap.throughput <= 0 or not math.isfinite(facts.consumer_rate):
-        return None
-    # The loop's CPU per step; without workers it holds the batch making, which a worker would take over.
-    loop_per_step = cpu.loop_cores / snap.throughput
-    step_cpu = max(0.0, loop_per_step - (batch_cpu if facts.workers == 0 else 0.0))
-    processes = max(1, snap.host.processes_on_host)
-    # What keeps cores from this process: other work on its CPUs, or its quota. Other ranks of the host are
-    # assumed to use what this one does (they apply the same fix), so they are counted as ours, not others'.
-    used = cpu.usable_cores - cpu.spare_cores
-    others = max(0.0, used - cpu.training_cores * processes)
-    return check_cores(
-        target_rate=facts.consumer_rate,
-        step_cpu_s=step_cpu,
-        batch_cpu_s=batch_cpu,
-        usable_cores=cpu.usable_cores,
-        other_cores=others,
-        processes_on_host=processes,
-        busy_now=None if cpu.busy_cores is None else used,
-    )
+    return hb.snapshot_cores(facts.snap, target_rate=facts.consumer_rate)
 
 
 def _more_workers_certain(facts: _Facts) -> tuple[bool, str]:
