@@ -10,7 +10,7 @@ import warnings
 import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.profilers import SimpleProfiler
-from pipelines import FETCH_ACTION, ClockedDataset, ClockedModule, Observed, quiet_trainer
+from pipelines import FETCH_ACTION, ClockedDataset, ClockedModule, Observed, clocked_collate, quiet_trainer
 
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.synthetic import timed_loader
@@ -30,7 +30,7 @@ def main(out_dir: str) -> None:
     trainer = quiet_trainer(
         strategy="ddp", devices=2, max_epochs=1, callbacks=[guard], log_every_n_steps=10, profiler=profiler
     )
-    trainer.fit(module, timed_loader(dataset, batch_size=4, num_workers=1))
+    trainer.fit(module, timed_loader(dataset, batch_size=4, num_workers=1, collate_fn=clocked_collate))
     module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     snapshot = guard.snapshot
     assert snapshot is not None and guard.diagnosis is not None

@@ -12,7 +12,7 @@ from statistics import fmean
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -69,12 +69,21 @@ class ClockedDataset(TimedDataset):
         return sample_index, features, torch.tensor([started, time.perf_counter()], dtype=torch.float64)
 
 
+def clocked_collate(samples: list[Any]) -> list[Any]:
+    """torch's ``default_collate``, then one more stamp: when the batch was finished, collate included.
+
+    A batch is then ``[indices, features, stamps, collated]``; made in a worker, ``collated`` is read there.
+    """
+    batch = default_collate(samples)
+    return [*batch, torch.tensor(time.perf_counter(), dtype=torch.float64)]
+
+
 class ClockedModule(TimedModule):
     """A :class:`TimedModule` for :class:`ClockedDataset` batches that keeps its own clock of every step.
 
     Per step it records when the batch arrived (``on_before_batch_transfer``), when its step ended (end of
-    ``on_train_batch_end``) and, from the batch's stamps, when the first of its samples was started and the
-    last finished.
+    ``on_train_batch_end``) and, from the batch's stamps (see :func:`clocked_collate`), when the first of its
+    samples was started and when the batch was collated.
     """
 
     def __init__(self, step_s: float = 0.0, features: int = 16) -> None:
@@ -94,7 +103,7 @@ class ClockedModule(TimedModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_before_batch_transfer(batch, dataloader_idx)
         stamps = batch[2]
-        self._stamps = (float(stamps[:, 0].min()), float(stamps[:, 1].max()))
+        self._stamps = (float(stamps[:, 0].min()), float(batch[3]))
         return batch
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -118,7 +127,7 @@ class StepClock:
     received: float
     ended: float
     made_from: float  # the first of the batch's samples was started
-    made_to: float  # the last of them was finished
+    made_to: float  # the batch was collated (its last sample finished, then the collate)
 
     @property
     def production_s(self) -> float:
@@ -227,6 +236,7 @@ class Scenario:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor if self.num_workers else None,
             persistent_workers=self.persistent_workers,
+            collate_fn=clocked_collate,
         )
 
     def batch_costs(self) -> list[float]:
