@@ -45,3 +45,21 @@ def test_links_resolve(page: str) -> None:
     for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", _text(page)):
         if "://" not in target:
             assert (DOCS / target).exists(), f"{page} links to {target}, which does not exist"
+
+
+def test_architecture_names_what_exists() -> None:
+    """docs/architecture.md stays true: the modules it names exist, and so do the seam functions it lists."""
+    from lightning_loadguard import _lightning
+
+    text = _text("architecture.md")
+    package = DOCS.parent / "lightning_loadguard"
+    paths = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py|[a-z_]+/)`", text))
+    assert {"meters/monitor.py", "_lightning.py", "position/switch.py"} <= paths
+    for path in paths:
+        where = DOCS.parent / path if path.startswith(("docs/", "tests/", "lightning_loadguard/")) else package / path
+        assert where.exists(), f"architecture.md names {path}, which does not exist"
+    seam_rows = re.findall(r"^\| ((?:`\w+`(?:, )?)+) \|", text, flags=re.M)
+    names = [n for row in seam_rows for n in re.findall(r"`(\w+)`", row)]
+    assert "FetchTimingProfiler" in names and "train_iterator" in names
+    for name in names:
+        assert hasattr(_lightning, name), f"architecture.md lists _lightning.{name}, which does not exist"
