@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from pipelines import Observed, Scenario, fit_scenario, standard_scenarios
 
-CAPACITY_TOLERANCE = 0.03  # relative: the batch's own clock runs from its first sample to its collate's end
+CAPACITY_TOLERANCE = 0.05  # relative: the batch's own clock runs from its first sample to its collate's end
 # LoadGuard's timing of a fetch sits inside the profiler's, microseconds apart: 2 % of the observed figure.
 TOLERANCE_REL = 0.02
 WAIT_TOLERANCE_ABS = 0.002

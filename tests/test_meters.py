@@ -101,7 +101,7 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
     assert producer.total_batches == 12
     # The samples slept 5 ms each (4 a batch), longer when other processes held the cores: the truth is the
     # time each batch took as the dataset saw it, and waiting on a full buffer is no part of it.
-    assert producer.capacity() == pytest.approx(max(1, num_workers) / fmean(made), rel=0.03)
+    assert producer.capacity() == pytest.approx(max(1, num_workers) / fmean(made), rel=0.05)
     if num_workers:
         assert all(ready for ready, _, _ in fetches[2:])
         # Levels are known while the epoch still has batches to hand out, and never beyond the buffer.
