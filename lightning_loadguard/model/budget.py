@@ -265,13 +265,9 @@ def snapshot_budget(snapshot: WindowSnapshot, **limits: Any) -> HostBudget:
         >>> snapshot_budget(snap).max_workers, snapshot_budget(snap, max_workers=2).workers_bound
         (7, 'max_workers')
     """
-    return host_budget(
-        snapshot.host,
-        snapshot.batch_bytes,
-        cpu_share=snapshot.cpu_share,
-        loop_cores=snapshot.cpu.loop_cores if snapshot.cpu is not None else None,
-        **limits,
-    )
+    # The window's loop cores are not passed: without workers they include the batch making a fix moves to
+    # workers, and whether the cores carry a fix is judged apart (model.contention) as a hypothesis to measure.
+    return host_budget(snapshot.host, snapshot.batch_bytes, cpu_share=snapshot.cpu_share, **limits)
 
 
 def snapshot_cores(snapshot: WindowSnapshot, *, target_rate: float) -> CoreCheck | None:
