@@ -163,3 +163,19 @@ def test_a_window_shorter_than_the_minimum_goes_on_rather_than_misread() -> None
     assert sampler.sample(min_window_s=60.0) is None  # too short: no figure, the window is kept
     use = sampler.sample(min_window_s=0.0)
     assert use is not None and use.window_s > 0
+
+
+def test_sampler_leaves_a_mocked_monotonic_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tools and tests drive simulated time by counting `time.monotonic()` calls (Lightning's time-gated
+    # validation tests do); LoadGuard's own reads must not advance such a clock.
+    calls: list[float] = []
+
+    def counting_clock() -> float:
+        calls.append(0.0)
+        return float(len(calls))
+
+    sampler = CpuSampler()
+    monkeypatch.setattr(time, "monotonic", counting_clock)
+    sampler.sample(min_window_s=0.0)
+    sampler.sample(min_window_s=0.0)
+    assert calls == []

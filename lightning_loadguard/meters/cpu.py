@@ -23,6 +23,10 @@ from typing import Any
 
 import psutil
 
+# Bound once: a test or tool that mocks `time.monotonic` to drive its own simulated clock must not see
+# LoadGuard's reads advance it.
+_monotonic = time.monotonic
+
 MIN_WINDOW_S = 0.5
 """Shortest window a sample covers: the kernel counts CPU time in clock ticks (10 ms), so a shorter window
 would misread by more than a few percent of a core."""
@@ -250,13 +254,13 @@ class CpuSampler:
             except psutil.Error:
                 continue  # exited since the listing: counted with the reaped children once reaped
             workers += child_times.user + child_times.system
-        return time.monotonic(), own, workers, _busy_seconds(self._cpus)
+        return _monotonic(), own, workers, _busy_seconds(self._cpus)
 
     def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used since the previous sample, or ``None`` on the first call, when fewer than
         ``min_window_s`` seconds have passed (the window goes on), or when ``/proc`` cannot be read."""
         last = self._last
-        if last is not None and time.monotonic() - last[0] < min_window_s:
+        if last is not None and _monotonic() - last[0] < min_window_s:
             # Checked before reading: listing the workers reads /proc for every process on the host.
             return None
         try:
