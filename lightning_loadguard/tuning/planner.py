@@ -377,7 +377,7 @@ class Planner:
             if deficit > 0:
                 reason += f"; {deficit:.0%} of the step rate is still lost to data wait"
         if bounded_by and deficit > 0:
-            reason += f" (bounded by {bounded_by}{self._why_no_more(chosen)})"
+            reason += f" (bounded by {bounded_by}{self._why_no_more(chosen, bounded_by)})"
         persistent = chosen.persistent_workers or self._persistent(chosen, after, startup_s, map_style)
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
@@ -395,7 +395,7 @@ class Planner:
             probe_cost_s=cost,
         )
 
-    def _why_no_more(self, chosen: LoaderSettings) -> str:
+    def _why_no_more(self, chosen: LoaderSettings, bounded_by: str) -> str:
         """Why the search did not try more workers than ``chosen``, in words."""
         more = [(s, m) for s, m in self.measurements.items() if s.num_workers > chosen.num_workers]
         if more:
@@ -412,7 +412,7 @@ class Planner:
                     f": {_workers(setting.num_workers)} measured {m.sustained_rate:.3g} steps/s against "
                     f"{chosen_m.sustained_rate:.3g}, less than {self.options.min_gain:.0%} more"
                 )
-        if self.budget.workers_bound == CORES and chosen.num_workers >= self.budget.max_workers:
+        if bounded_by == CORES and chosen.num_workers >= self.budget.max_workers:
             return f": the last worker added paid less than {self.options.min_gain:.0%}, so no more were tried"
         return ""
 
@@ -420,8 +420,13 @@ class Planner:
         """The budget that stopped the search short of the compute rate, if any."""
         if deficit <= 0:
             return None
-        if chosen.num_workers >= self.budget.max_workers:
-            return self.budget.workers_bound
+        budget = self.budget
+        at_memory_wall = budget.max_in_flight is not None and chosen.batches_in_flight >= budget.max_in_flight
+        if at_memory_wall and budget.memory_bound is not None:
+            # Memory is a wall and cores a prediction: where both bind, no more workers could have been tried.
+            return budget.memory_bound
+        if chosen.num_workers >= budget.max_workers:
+            return budget.workers_bound
         if self.budget.memory_bound in self._bounds:
             return self.budget.memory_bound
         return PROBE_BUDGET if self._ran_out else None
