@@ -162,6 +162,27 @@ def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
     assert d.finding("bursty") is None
 
 
+@pytest.mark.parametrize(("core_wait", "verdict"), [(0.0, "transfer_bound"), (0.018, "compute_bound")])
+def test_a_ready_batch_taken_late_for_want_of_a_core_is_not_a_hand_over_cost(core_wait: float, verdict: str) -> None:
+    # Every 4th fetch is sampled; the rest are NaN. With 18 of its 20 ms spent waiting for a core, taking a
+    # ready batch costs 2 ms of its own: 1.8 % of loop time, under WAIT_OK.
+    nan = float("nan")
+    snap = WindowSnapshot(
+        wait_s=(0.02,) * 48,
+        step_s=(0.1,) * 48,
+        wait_queued_s=tuple(core_wait if i % 4 == 0 else nan for i in range(48)),
+        settings=LoaderSettings(num_workers=4),
+        host=_BIG_HOST,
+        ready=(True,) * 48,
+        production_s=(0.1,) * 48,
+    )
+    d = diagnose(snap)
+    assert d.verdict == verdict, d.to_text()
+    if core_wait:
+        assert d.finding("transfer_bound") is None
+        assert d.finding("producer_deficit") is None and d.finding("bursty") is None
+
+
 def test_too_many_workers_for_the_cores() -> None:
     host = HostFacts(cpu_count=8, processes_on_host=2)
     d = diagnose(_simulated([0.7], 0.1, workers=8, host=host))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import pickle
 import time
 from statistics import fmean
@@ -12,9 +14,11 @@ import torch
 from pipelines import ClockedDataset, clocked_collate
 from torch.utils.data import DataLoader
 
+import lightning_loadguard.meters.producer as producer_module
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.host import batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
+from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_EVERY, LoaderMonitor
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
 from lightning_loadguard.meters.ranks import FIELDS, RankFigures
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
@@ -260,3 +264,46 @@ def test_gpu_utilization_is_silent_on_cpu_and_reads_nvml_on_cuda(monkeypatch: py
     assert gpu.unavailable is None
     assert gpu.read() == pytest.approx(0.87)
     assert calls == ["init", "GPU-abc-123"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_the_loops_wait_for_a_core_during_a_fetch_is_what_its_thread_did_not_run() -> None:
+    """Ground truth from another clock: a fetch that spins never blocks, so wall minus the thread's CPU time
+    (``time.thread_time``) is time spent runnable without a core; a spinner on the same single CPU makes it
+    about half the fetch."""
+    if producer_module._queued_seconds() is None:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    spinner = multiprocessing.get_context("fork").Process(target=_spin_on, args=(cpu,), daemon=True)
+    os.sched_setaffinity(0, {cpu})
+    spinner.start()
+    try:
+        monitor = LoaderMonitor(window=64)
+        time.sleep(0.05)  # the spinner is running
+        rows = []
+        for _ in range(4 * QUEUE_SAMPLE_EVERY):
+            monitor.fetch_started(time.perf_counter())
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            end = wall0 + 0.03
+            while time.perf_counter() < end:
+                pass
+            rows.append(time.perf_counter() - wall0 - (time.thread_time() - cpu0))
+            monitor.fetch_finished(time.perf_counter())
+        monitor.close_step(time.perf_counter())
+    finally:
+        spinner.kill()
+        spinner.join()
+        os.sched_setaffinity(0, before)
+    queued = monitor.snapshot().wait_queued_s
+    sampled = [(q, truth) for q, truth in zip(queued, rows, strict=True) if q == q]
+    assert len(sampled) == 4
+    measured, truth = sum(q for q, _ in sampled), sum(t for _, t in sampled)
+    assert truth > 0.02  # the spinner did take the core (4 fetches of 30 ms, about half each)
+    assert abs(measured - truth) < 0.15 * truth + 0.004, (measured, truth)
+
+
+def _spin_on(cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    while True:
+        pass

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
+_NAN = float("nan")
+
 
 class StepRecord(NamedTuple):
     """One completed training step, in seconds (a tuple: one is made per step, so it must be cheap)."""
@@ -19,6 +21,7 @@ class StepRecord(NamedTuple):
     transfer_s: float = 0.0
     ready: bool | None = None
     buffer_level: int | None = None
+    queued_s: float = float("nan")  # of the wait, time the loop's thread waited for a core (NaN: not sampled)
 
 
 class ConsumerMeter:
@@ -45,6 +48,7 @@ class ConsumerMeter:
         self._ready: bool | None = None
         self._level: int | None = None
         self._startup = 0.0
+        self._queued = _NAN
         self.total_steps = 0
         self.total_wait_s = 0.0
         self.total_step_s = 0.0
@@ -70,6 +74,10 @@ class ConsumerMeter:
         self._level = buffer_level
         self._startup = startup_s
 
+    def fetch_queued(self, seconds: float) -> None:
+        """Of this fetch's wait, ``seconds`` went to waiting for a core (sampled on some fetches only)."""
+        self._queued = seconds
+
     def step_started(self, now: float) -> None:
         """The step begins: the time since the batch arrived went to handing it to the step (transfer)."""
         if self._fetch_end is not None:
@@ -83,7 +91,7 @@ class ConsumerMeter:
         """End the open step at ``now`` (the next fetch, or the end of the epoch)."""
         if self._fetch_end is not None and self._wait is not None:
             step = max(0.0, now - self._fetch_end - self._excluded)
-            self._records.append(StepRecord(self._wait, step, self._transfer, self._ready, self._level))
+            self._records.append(StepRecord(self._wait, step, self._transfer, self._ready, self._level, self._queued))
             self.total_steps += 1
             self.total_wait_s += self._wait
             self.total_step_s += step
@@ -91,6 +99,7 @@ class ConsumerMeter:
         self._excluded = self._transfer = 0.0
         self._ready = self._level = None
         self._startup = 0.0
+        self._queued = _NAN
 
     def records(self) -> list[StepRecord]:
         return list(self._records)

@@ -29,7 +29,7 @@ from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
 from lightning_loadguard.meters.host import batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import ProducerMeter
+from lightning_loadguard.meters.producer import ProducerMeter, _queued_seconds
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 
@@ -39,6 +39,10 @@ _CPU = "measuring the host's CPU use"
 PRODUCER_WINDOWS = 4
 """Production is averaged over this many windows of batches: a burst every few dozen batches would otherwise
 swing the capacity by a burst's share of one window."""
+
+QUEUE_SAMPLE_EVERY = 4
+"""Every this many fetches, the loop thread's wait for a core during the fetch is read (two ``schedstat``
+reads): on a busy host, a ready batch's hand-over also waits for a core, which is not the hand-over's cost."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class LoaderMonitor:
         self.accelerator = False
         """Whether the step runs on an accelerator."""
         self._consumer = ConsumerMeter(window)
+        self._fetches = 0
+        self._queued_at_fetch: float | None = None
         self._producer = ProducerMeter(PRODUCER_WINDOWS * window)
         self._probe = LoaderProbe(self._producer, self._epoch_started, self._fetch_observed, on_error)
         self._epoch_start_s: deque[float] = deque(maxlen=16)
@@ -111,6 +117,9 @@ class LoaderMonitor:
     def fetch_started(self, now: float) -> None:
         """The loop asks for its next batch (this closes the previous step)."""
         self._consumer.fetch_started(now)
+        self._fetches += 1
+        if self._fetches % QUEUE_SAMPLE_EVERY == 0:
+            self._queued_at_fetch = _queued_seconds()
         # Every step passes here: the device is checked inline, without a call when there is none.
         if self._timeline is not None:
             self._device(DeviceTimeline.fetch_started)
@@ -119,6 +128,12 @@ class LoaderMonitor:
         if self._timeline is not None:
             self._device(DeviceTimeline.fetch_finished)
         self._consumer.fetch_finished(now)
+        before = self._queued_at_fetch
+        if before is not None:
+            self._queued_at_fetch = None
+            after = _queued_seconds()
+            if after is not None:
+                self._consumer.fetch_queued(max(0.0, after - before))
 
     def step_started(self, now: float | None = None) -> None:
         """The step begins (call first in the step): the batch was handed to the device, and the time since it
@@ -256,6 +271,7 @@ class LoaderMonitor:
             wait_s=tuple(r.wait_s for r in records),
             step_s=tuple(r.step_s for r in records),
             transfer_s=tuple(r.transfer_s for r in records),
+            wait_queued_s=tuple(r.queued_s for r in records),
             settings=self.settings,
             host=host_facts(self.processes_on_host),
             ready=ready if len(ready) == len(records) and ready else None,

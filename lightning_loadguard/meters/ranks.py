@@ -308,6 +308,7 @@ class WindowRanks(Metric):
             wait_s=wait[len(wait) - n :],
             step_s=step[len(step) - n :],
             transfer_s=(),
+            wait_queued_s=(),
             ready=None,
             buffer_level=None,
             **picked,

@@ -41,6 +41,8 @@ class WindowSnapshot:
         wait_s: per step, the time the loop blocked fetching its batch.
         step_s: per step, the rest of the step (compute, transfer, callbacks; validation excluded).
         transfer_s: per step, the time spent moving the batch to the device (part of ``step_s``).
+        wait_queued_s: per step, the part of ``wait_s`` the loop's thread spent waiting for a core (NaN where
+            not sampled): on a busy host even taking a ready batch waits for a core.
         ready: per fetch, whether a batch was already waiting (``None`` where it cannot be known).
         buffer_level: per fetch, batches waiting in the loader's buffer (``None`` where unknown).
         production_s: per produced batch, the busy time of the worker that made it (fetch + collate),
@@ -73,6 +75,7 @@ class WindowSnapshot:
     settings: LoaderSettings = field(default_factory=LoaderSettings)
     host: HostFacts = field(default_factory=lambda: HostFacts(cpu_count=1))
     transfer_s: tuple[float, ...] = ()
+    wait_queued_s: tuple[float, ...] = ()
     ready: tuple[bool, ...] | None = None
     buffer_level: tuple[int, ...] | None = None
     production_s: tuple[float, ...] = ()
@@ -138,6 +141,7 @@ class WindowSnapshot:
             wait_s=self.device_data_idle_s,
             step_s=steps,
             transfer_s=self.device_copy_s,
+            wait_queued_s=(),
             ready=None,
             production_s=production,
         )

@@ -131,7 +131,8 @@ class _Facts:
     capacity: float | None  # batches/s of all workers together
     capacity_source: str
     stall_fraction: float  # loop share waited on fetches whose batch was not there yet
-    ready_wait_fraction: float  # loop share waited on fetches whose batch was already there
+    ready_wait_fraction: float  # loop share waited on fetches whose batch was already there, less core waits
+    ready_core_wait_fraction: float  # loop share those fetches spent waiting for a core (the host's contention)
     draining: DrainAlarm | None
 
     @property
@@ -153,9 +154,10 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         production = snap.wait_s  # made in the training process: each fetch is one production
     consumer_rate = 1.0 / fmean(steps) if fmean(steps) > 0 else math.inf
     loop = snap.loop_s
-    ready_wait = 0.0
+    ready_wait = core_wait = 0.0
     if snap.ready is not None and len(snap.ready) == len(snap.wait_s):
         ready_wait = math.fsum(w for w, r in zip(snap.wait_s, snap.ready, strict=True) if r)
+        core_wait = ready_wait * _core_wait_share(snap)
     stall = snap.wait_fraction - (ready_wait / loop if loop > 0 else 0.0)
     capacity, source = _capacity(snap, production, workers)
     draining = drain_from_levels(snap.buffer_level) if snap.buffer_level else None
@@ -177,9 +179,25 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         capacity=capacity,
         capacity_source=source,
         stall_fraction=max(0.0, stall),
-        ready_wait_fraction=ready_wait / loop if loop > 0 else 0.0,
+        ready_wait_fraction=(ready_wait - core_wait) / loop if loop > 0 else 0.0,
+        ready_core_wait_fraction=core_wait / loop if loop > 0 else 0.0,
         draining=draining,
     )
+
+
+def _core_wait_share(snap: WindowSnapshot) -> float:
+    """Of the ready fetches whose core wait was sampled, the share of their wait spent waiting for a core.
+
+    On a busy host the loop's thread, woken with a ready batch, may wait for a core before it can take it:
+    that time is the host's contention, not the hand-over's cost.
+    """
+    assert snap.ready is not None
+    waited = queued = 0.0
+    for wait, ready, core in zip(snap.wait_s, snap.ready, snap.wait_queued_s, strict=False):
+        if ready and core == core:  # NaN: not sampled
+            waited += wait
+            queued += min(core, wait)
+    return queued / waited if waited > 0 else 0.0
 
 
 def _capacity(snap: WindowSnapshot, production: tuple[float, ...], workers: int) -> tuple[float | None, str]:
@@ -432,7 +450,10 @@ def _transfer(facts: _Facts) -> Finding | None:
     if snap.ready_fraction is not None:
         evidence["ready_fraction"] = snap.ready_fraction
     if ready:
-        evidence["ready_fetch_s"] = fmean(ready)
+        total = facts.ready_wait_fraction + facts.ready_core_wait_fraction
+        evidence["ready_fetch_s"] = fmean(ready) * (facts.ready_wait_fraction / total if total > 0 else 1.0)
+    if facts.ready_core_wait_fraction > 0:
+        evidence["ready_core_wait_fraction"] = facts.ready_core_wait_fraction
     actions = []
     if handover:
         actions.append(

@@ -56,6 +56,10 @@ _EVIDENCE_WORDS: dict[str, tuple[str, Any]] = {
     "worker_time_s": ("one batch takes a worker", _MS[1]),
     "deficit_per_batch_s": ("the wait per batch tends to", _MS[1]),
     "ready_fetch_s": ("taking a ready batch costs", _MS[1]),
+    "ready_core_wait_fraction": (
+        "waiting for a core while taking ready batches (not counted)",
+        lambda v: f"{v:.1%} of loop time",
+    ),
     "epoch_start_s": ("starting the loader takes", lambda v: f"{v:.3g} s per epoch"),
     "epoch_s": ("an epoch takes", lambda v: f"{v:.3g} s"),
     "expected_wait_s": ("the replay expects a wait of", lambda v: f"{v * 1e3:.3g} ms per step"),
