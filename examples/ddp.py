@@ -64,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     batch = 8
-    dataset = RankDependentReads(2 * args.batches * batch, read_s=0.0005, slow_factor=6.0)
+    dataset = RankDependentReads(2 * args.batches * batch, read_s=0.001, slow_factor=6.0)
     loader = DataLoader(dataset, batch_size=batch, num_workers=1)
     guard = LoadGuard(window=30)
     trainer = Trainer(
