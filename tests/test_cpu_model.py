@@ -117,6 +117,31 @@ def test_sampler_counts_a_child_processes_cpu_time_as_the_workers_including_afte
     assert use.loop_cores * use.window_s < 0.2  # the parent only waited
 
 
+_SPIN_THEN_WAIT = _SPIN.replace("print(time.process_time())", "print(time.process_time(), flush=True)\ntime.sleep(30)")
+
+
+@pytest.mark.parametrize("is_worker", [True, False])
+def test_sampler_counts_the_loaders_live_workers_by_their_pids(is_worker: bool) -> None:
+    # A live child that spun 0.3 s and now waits: a worker when the loader lists its pid, other work if not.
+    child = subprocess.Popen([sys.executable, "-c", _SPIN_THEN_WAIT, "0.3"], stdout=subprocess.PIPE, text=True)
+    try:
+        sampler = CpuSampler(worker_pids=lambda: [child.pid] if is_worker else [])
+        sampler.sample()
+        assert child.stdout is not None
+        child_cpu = float(child.stdout.readline())
+        use = sampler.sample(min_window_s=0.0)
+        assert use is not None and child.poll() is None  # still running: not in the reaped children's totals
+    finally:
+        child.kill()
+        child.wait()
+    counted = use.worker_cores * use.window_s
+    if is_worker:
+        # The sampler's window began after the child started: interpreter start-up may fall outside it.
+        assert child_cpu - 0.15 <= counted <= child_cpu + 0.05, (counted, child_cpu)
+    else:
+        assert counted < 0.02
+
+
 def test_sampler_counts_the_processes_own_threads_by_an_independent_clock() -> None:
     sampler = CpuSampler()
     sampler.sample()

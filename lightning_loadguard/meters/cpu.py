@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,12 @@ def usable_cpu_count(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) ->
         >>> usable_cpu_count() >= 1
         True
     """
-    return max(1, math.floor(usable_cores(root, proc_cgroup) + 1e-9))
+    return whole_cores(usable_cores(root, proc_cgroup))
+
+
+def whole_cores(cores: float) -> int:
+    """Whole cores in a (possibly fractional) quota of cores, at least 1."""
+    return max(1, math.floor(cores + 1e-9))
 
 
 @dataclass(frozen=True)
@@ -217,8 +223,9 @@ class CpuSampler:
     """Samples CPU use once per window: this process, its workers, and the CPUs it runs on.
 
     The training process's CPU time covers all of its threads (torch's intra-op pool included); its
-    workers' is that of its live child processes plus what reaped children used, so workers that exited
-    between two samples (a new epoch's iterator) still count.
+    workers' is that of the loader's live workers (every child process where the loader's are not known)
+    plus what reaped children used, so workers that exited between two samples (a new epoch's iterator)
+    still count.
 
     Example:
         >>> sampler = CpuSampler()
@@ -230,25 +237,50 @@ class CpuSampler:
         True
     """
 
-    def __init__(self, cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> None:
+    def __init__(
+        self,
+        cgroup_root: str = CGROUP_ROOT,
+        proc_cgroup: str = PROC_CGROUP,
+        worker_pids: Callable[[], list[int] | None] | None = None,
+    ) -> None:
         self._process = psutil.Process()
         self._cpus = affinity_cpus()
         self._usable = usable_cores(cgroup_root, proc_cgroup)
         self._last: tuple[float, float, float, float | None] | None = None
+        self._worker_pids = worker_pids
+        self._workers: dict[int, psutil.Process] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy samples the process that holds it, from a fresh window.
-        return {**self.__dict__, "_process": None, "_last": None}
+        return {**self.__dict__, "_process": None, "_last": None, "_worker_pids": None, "_workers": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._process = psutil.Process()
 
+    def _children(self) -> list[psutil.Process]:
+        """The live loader workers: from the loader's own list where known (a few ``/proc`` reads), else every
+        child process (which lists every process on the host)."""
+        pids = self._worker_pids() if self._worker_pids is not None else None
+        if pids is None:
+            return self._process.children(recursive=True)
+        known = self._workers
+        for pid in [pid for pid in known if pid not in pids]:
+            del known[pid]
+        for pid in pids:
+            if pid not in known:
+                try:
+                    known[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+        return list(known.values())
+
     def _read(self) -> tuple[float, float, float, float | None]:
         times = self._process.cpu_times()
         own = times.user + times.system
+        # Children that ended were reaped by this process: their time is in its children's totals.
         workers = times.children_user + times.children_system
-        for child in self._process.children(recursive=True):
+        for child in self._children():
             try:
                 child_times = child.cpu_times()
             except psutil.Error:

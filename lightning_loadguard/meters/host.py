@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 import zlib
 from typing import Any
 
@@ -10,7 +11,7 @@ import psutil
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_loadguard.meters.cpu import usable_cpu_count
+from lightning_loadguard.meters.cpu import affinity_cpus, cgroup_cpu_limit, whole_cores
 from lightning_loadguard.meters.window import HostFacts
 
 
@@ -22,9 +23,26 @@ def shm_free_bytes(path: str = "/dev/shm") -> int | None:
         return None
 
 
+QUOTA_REREAD_S = 30.0
+"""How long the container's CPU quota (a dozen small cgroup file reads) is taken as known before it is read
+again; the affinity mask (one system call) is read each time."""
+
+_quota_read: list[Any] = []  # [when read, cores the quota allows or None]
+
+
+def _usable_cpu_count() -> int:
+    now = time.monotonic()
+    if not _quota_read or now - _quota_read[0] >= QUOTA_REREAD_S:
+        _quota_read[:] = [now, cgroup_cpu_limit()]
+    cpus = float(len(affinity_cpus()))
+    quota = _quota_read[1]
+    return whole_cores(cpus if quota is None else min(cpus, quota))
+
+
 def host_facts(processes_on_host: int = 1) -> HostFacts:
+    """This host's cores (the quota re-read every ``QUOTA_REREAD_S``), available RAM and free /dev/shm."""
     return HostFacts(
-        cpu_count=usable_cpu_count(),
+        cpu_count=_usable_cpu_count(),
         processes_on_host=processes_on_host,
         available_ram_bytes=int(psutil.virtual_memory().available),
         shm_free_bytes=shm_free_bytes(),

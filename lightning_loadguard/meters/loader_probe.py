@@ -82,6 +82,21 @@ class LoaderProbe:
         self.on_error = on_error or _warn
         self.failed = False
         self._said_unmeasured = False
+        self._iterator: weakref.ref[Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is detached from the loader: it knows no iterator.
+        return {**self.__dict__, "_iterator": None}
+
+    def worker_pids(self) -> list[int] | None:
+        """Process ids of the latest iterator's workers ([] without workers), or ``None`` when unknown."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None:
+            return None
+        workers = getattr(iterator, "_workers", None)
+        if workers is None:
+            return [] if getattr(iterator, "_num_workers", 0) == 0 else None
+        return [w.pid for w in workers if w.pid is not None]
 
     def fail(self, what: str, err: Exception) -> None:
         """The probe's own code raised: stop measuring, say so once; training goes on untouched."""
@@ -107,6 +122,7 @@ class LoaderProbe:
             if workers > 0:
                 loader.worker_init_fn = user_init_fn
         try:
+            self._iterator = weakref.ref(iterator)
             if workers == 0:
                 fetcher = getattr(iterator, "_dataset_fetcher", None)
                 if fetcher is not None:

@@ -74,7 +74,7 @@ class LoaderMonitor:
         self.window = window
         self._guarded = guarded or _unguarded
         self._timeline: DeviceTimeline | None = None
-        self._cpu = CpuSampler()
+        self._cpu = CpuSampler(worker_pids=self._worker_pids)
         self._cpu_use: CpuUse | None = None
         self.accelerator = False
         """Whether the step runs on an accelerator."""
@@ -223,6 +223,9 @@ class LoaderMonitor:
         timeline = self._timeline
         if timeline is not None and self._guarded(DEVICE_TIMELINE, _ran, call, timeline) is None:
             self._timeline = None  # failed: the host's figures stand alone from now on
+
+    def _worker_pids(self) -> list[int] | None:
+        return self._probe.worker_pids() if self._loader is not None else None
 
     def sample_cpu(self) -> None:
         """Read the host's CPU use (at the start of fit, and with each rolling snapshot)."""

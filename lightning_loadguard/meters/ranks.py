@@ -3,11 +3,11 @@
 A slow rank stalls every other rank in the gradient all-reduce, so the figures that matter are the worst
 rank's; memory is a per-host budget, so in-flight bytes are summed over the ranks of each host.
 
-Each figure is a ``torchmetrics`` state declared with how ranks combine it, and synced by torchmetrics (with
-the strategy's ``all_gather`` as ``dist_sync_fn``, or torchmetrics' own gather under an initialised process
-group; a single process without one syncs nothing). Most figures do not fit an element-wise reduction: the
-worst rank is *chosen* by one figure and its other figures go with it, and hosts are groups of ranks; those
-states gather every rank's value (``"cat"``) and :meth:`compute` chooses. NaN marks a figure a rank did not
+The figures are ``torchmetrics`` states synced by torchmetrics (with the strategy's ``all_gather`` as
+``dist_sync_fn``, or torchmetrics' own gather under an initialised process group; a single process syncs
+nothing). Most figures do not fit an element-wise reduction: the worst rank is *chosen* by one figure and its
+other figures go with it, and hosts are groups of ranks; so every rank's row of figures is gathered
+(``"cat"``, one collective per logging step) and the summary chooses. NaN marks a figure a rank did not
 measure.
 """
 
@@ -47,6 +47,7 @@ FIELDS: tuple[str, ...] = (*WORST_RANK_FIELDS, "gpu_util", *_HOST_FIELDS)
 """Every figure a rank contributes at a logging step."""
 
 _NAN = float("nan")
+_FIELD_SET = frozenset(FIELDS)
 _PRODUCTION = ("production_s", "production_cpu_s", "production_queued_s")
 
 SyncFn = Callable[..., list[torch.Tensor]]
@@ -115,6 +116,9 @@ def _sync(metric: Metric, sync_fn: SyncFn | None, distributed: bool) -> None:
 class RankFigures(Metric):
     """One logging step's figures of every rank (``FIELDS``), combined into the logged metrics.
 
+    All of a rank's figures travel as one row (one collective per logging step, whatever the number of
+    figures); the rows of all ranks are gathered (``"cat"``) and :meth:`summary` chooses from them.
+
     Example:
         >>> figures = RankFigures()
         >>> figures.update({"wait_fraction": 0.25, "host_key": 7.0, "inflight_bytes": 2e6})
@@ -127,43 +131,36 @@ class RankFigures(Metric):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(sync_on_compute=False, **kwargs)
-        for name in FIELDS:
-            if name == "gpu_util":
-                continue
-            self.add_state(name, default=torch.tensor(_NAN, dtype=torch.float64), dist_reduce_fx="cat")
-        # The accelerator's utilisation is a plain mean over the ranks that measured it.
-        self.add_state("gpu_util_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("gpu_util_count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("figures", default=torch.full((len(FIELDS),), _NAN, dtype=torch.float64), dist_reduce_fx="cat")
 
     def update(self, values: dict[str, float]) -> None:  # type: ignore[override]
         """This rank's figures by name (a missing or NaN figure was not measured)."""
-        unknown = set(values) - set(FIELDS)
+        unknown = set(values) - _FIELD_SET
         if unknown:
             raise ValueError(f"unknown rank figures {sorted(unknown)}; allowed: {', '.join(FIELDS)}")
-        for name in FIELDS:
-            value = float(values.get(name, _NAN))
-            if name == "gpu_util":
-                if not math.isnan(value):
-                    self.gpu_util_sum += value
-                    self.gpu_util_count += 1
-                continue
-            setattr(self, name, torch.tensor(value, dtype=torch.float64, device=self.device))
+        row = [float(values.get(name, _NAN)) for name in FIELDS]
+        self.figures = torch.tensor(row, dtype=torch.float64, device=self.device)
 
     def compute(self) -> dict[str, list[float]]:
         """Every rank's figures, by name (index = global rank)."""
-        return {name: getattr(self, name).reshape(-1).tolist() for name in FIELDS if name != "gpu_util"}
+        return self._by_name()
+
+    def _by_name(self) -> dict[str, list[float]]:
+        rows = self.figures.reshape(-1, len(FIELDS)).cpu().T.tolist()
+        return dict(zip(FIELDS, rows, strict=True))
 
     def summary(self, this_rank: int = 0, sync_fn: SyncFn | None = None, world_size: int = 1) -> RankSummary:
         """Sync the ranks' figures (every rank must call this at the same step), reduce them, and start afresh."""
-        _sync(self, sync_fn, world_size > 1)
+        if world_size > 1:
+            _sync(self, sync_fn, True)
         try:
-            ranks = self.compute()
-            gpu_sum, gpu_count = float(self.gpu_util_sum), float(self.gpu_util_count)
+            ranks = self._by_name()
         finally:
             if self._is_synced:
                 self.unsync()
-            self.reset()
-        return _summarise(ranks, gpu_sum, gpu_count, this_rank)
+            self.figures = torch.full((len(FIELDS),), _NAN, dtype=torch.float64, device=self.device)
+        gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
+        return _summarise(ranks, math.fsum(gpu), float(len(gpu)), this_rank)
 
 
 def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, this_rank: int) -> RankSummary:
