@@ -44,6 +44,11 @@ class _LightningPort:
         return int(self._trainer.current_epoch)
 
     @property
+    def max_epochs(self) -> int | None:
+        max_epochs = getattr(self._trainer, "max_epochs", None)
+        return int(max_epochs) if max_epochs is not None and max_epochs >= 0 else None
+
+    @property
     def devices_on_host(self) -> int:
         return int(getattr(self._trainer, "num_devices", 1) or 1)
 

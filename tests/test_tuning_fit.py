@@ -277,3 +277,16 @@ def test_a_short_epoch_says_what_would_tune_it_and_those_options_do() -> None:
     assert decision.probe_steps <= decision.probe_budget_steps
     untuned, _, _ = fit(io_bound(length=160), False, epochs=1)
     assert order == untuned
+
+
+def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -> None:
+    # 40 steps an epoch: epoch 0's probe share (8 steps) holds no 12-step window; two epochs' share (16) does.
+    untuned, _, _ = fit(io_bound(length=160), False, epochs=4)
+    tuned, guard, trainer = fit(io_bound(length=160), True, epochs=4)
+    decision = guard.decision
+    assert decision is not None and len(decision.candidates) >= 2, guard.summary()
+    assert decision.probe_budget_steps == int(0.2 * 40 * 2)
+    assert decision.probe_steps <= decision.probe_budget_steps
+    assert decision.verdict == "improved" and decision.num_workers > 1, decision.table()
+    assert tuned == untuned  # every epoch, across the switches and the epoch boundaries
+    assert trainer.train_dataloader.num_workers == decision.num_workers

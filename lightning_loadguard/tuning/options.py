@@ -107,10 +107,17 @@ class TuneOptions:
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
 
 
+def longest_probe(options: TuneOptions, window_steps: int) -> int:
+    """Steps one candidate's measurement may take: a warm-up as long as its first fill (at most
+    ``warmup_steps`` plus half a window), then the window."""
+    return options.warmup_steps + window_steps // 2 + window_steps
+
+
 def _fits(options: TuneOptions, epoch_steps: int) -> bool:
     budget = math.floor(options.probe_share * epoch_steps)
-    window = options.warmup_steps + options.window_for(budget)
-    return window <= budget and 2 * window <= epoch_steps
+    window_steps = options.window_for(budget)
+    window = options.warmup_steps + window_steps
+    return longest_probe(options, window_steps) <= budget and 2 * window <= epoch_steps
 
 
 def options_to_start(options: TuneOptions, epoch_steps: int) -> tuple[str, int] | None:
@@ -121,11 +128,11 @@ def options_to_start(options: TuneOptions, epoch_steps: int) -> tuple[str, int] 
 
     Example:
         >>> options_to_start(TuneOptions(), 57)
-        ('TuneOptions(warmup_steps=4, window_steps=6)', 10)
+        ('TuneOptions(warmup_steps=4, window_steps=4)', 8)
         >>> options_to_start(TuneOptions(), 30)
-        ('TuneOptions(warmup_steps=2, window_steps=4)', 6)
+        ('TuneOptions(warmup_steps=4, window_steps=6, probe_share=0.44)', 10)
         >>> options_to_start(TuneOptions(), 14)
-        ('TuneOptions(warmup_steps=2, window_steps=4, probe_share=0.43)', 6)
+        ('TuneOptions(warmup_steps=1, window_steps=4, probe_share=0.5)', 5)
         >>> options_to_start(TuneOptions(), 8) is None
         True
     """
@@ -140,7 +147,8 @@ def options_to_start(options: TuneOptions, epoch_steps: int) -> tuple[str, int] 
         window = extra["warmup_steps"] + extra["window_steps"]
         if 2 * window > epoch_steps:
             continue
-        share = math.ceil(100 * window / epoch_steps) / 100
+        longest = extra["warmup_steps"] + extra["window_steps"] // 2 + extra["window_steps"]
+        share = math.ceil(100 * longest / epoch_steps) / 100
         if share <= 0.5:
             trial = replace(options, **extra, probe_share=share)
             if _fits(trial, epoch_steps):

@@ -23,7 +23,7 @@ from lightning_loadguard.model.capacity import (
     workers_needed,
 )
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, TuneVerdict
-from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 
 PROBE_BUDGET = "probe_budget"
 
@@ -31,8 +31,14 @@ PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
 STEP_SLOWDOWN = 0.1
-"""Past the predicted core limit a setting counts only if the step's own time stays within 10 % of the
-fastest measured step: a worker that takes its core from the training step is not a gain to keep."""
+"""Past the predicted core limit, a setting whose step's own time grew by more than 10 % over the fastest
+measured step must measure twice ``min_gain`` faster to count: it took CPU from the training step, and only
+a clear gain in steps/s (what the run gets) outweighs that."""
+
+JUMP_CORES = 2
+"""Where one more worker measured slower (the loop's threads won the cores) while the loader still lacks
+production, one probe jumps to this many workers per predicted core (at most Little's law's count): CPU-bound
+workers can win a share of the cores from the loop's threads that a single one cannot."""
 
 
 @dataclass
@@ -57,7 +63,8 @@ class Planner:
         original: the user's settings (measured first).
         budget: the host budget of one training process.
         options: probe limits and thresholds.
-        epoch_steps: steps in epoch 0 (the probe budget is a share of it).
+        epoch_steps: steps in one epoch (the probe budget is a share of the epochs spanned).
+        span_epochs: epochs the probing may span (a short epoch holds too few windows).
         pinning_helps: an accelerator exists that pinned host memory speeds transfers to.
 
     Example:
@@ -77,14 +84,19 @@ class Planner:
         epoch_steps: int,
         *,
         pinning_helps: bool = False,
+        span_epochs: int = 1,
     ) -> None:
+        if span_epochs < 1:
+            raise ValueError(f"span_epochs must be >= 1, got {span_epochs!r}")
         self.original = original
         self.budget = budget
         self.options = options
         self.epoch_steps = epoch_steps
         self.pinning_helps = pinning_helps
-        self.budget_steps = math.floor(options.probe_share * epoch_steps)
-        self.window_steps = options.window_for(self.budget_steps)
+        self.span_epochs = span_epochs
+        self.budget_steps = math.floor(options.probe_share * epoch_steps * span_epochs)
+        # Sized for one epoch's budget: a window never spans an epoch's end, and more epochs buy more windows.
+        self.window_steps = options.window_for(math.floor(options.probe_share * epoch_steps))
         self.window = options.warmup_steps + self.window_steps
         self.current = original
         self.current_note = "your settings"
@@ -94,12 +106,19 @@ class Planner:
         self.probe_time_s = 0.0
         self._bounds: set[str] = set()
         self._ran_out = False
+        self._jumped = False
 
     # -- schedule --------------------------------------------------------------------------------------
 
     def can_start(self) -> bool:
-        """Whether epoch 0 is long enough to measure the user's setting and at least one candidate."""
-        return self.window <= self.budget_steps and 2 * self.window <= self.epoch_steps
+        """Whether the epochs spanned leave room to measure the user's setting and at least one candidate: a
+        window within one epoch, the user's and a candidate's within the span, the candidate's within the
+        probe budget."""
+        return (
+            longest_probe(self.options, self.window_steps) <= self.budget_steps
+            and self.window <= self.epoch_steps
+            and 2 * self.window <= self.epoch_steps * self.span_epochs
+        )
 
     def record(self, window: WindowSnapshot, failed: str | None = None) -> LoaderSettings | None:
         """Store the window of :attr:`current` (``failed``: why the setting failed, if it did); return the next
@@ -111,13 +130,13 @@ class Planner:
                 setting=setting,
                 rate=None if failed else window.sustained_rate,
                 producer_rate=None if failed else producer,
-                steps=self.window,
+                steps=self.steps_for(setting),
                 failed=failed,
                 note=self.current_note,
             )
         )
         if setting != self.original:
-            self.probe_steps += self.window
+            self.probe_steps += self.steps_for(setting)
             self.probe_time_s += window.loop_s
         if not failed:
             self.measurements[setting] = window
@@ -136,13 +155,30 @@ class Planner:
             # Only a variant of a setting already over budget (the user's own) can get here: never probe it.
             self._bounds.add(broken)
             return None
-        if self.probe_steps + self.window > self.budget_steps:
+        if self.probe_steps + self.steps_for(proposal.setting) > self.budget_steps:
             self._ran_out = True
             return None
         if proposal.bound:
             self._bounds.add(proposal.bound)
         self.current, self.current_note = proposal.setting, proposal.note
         return proposal.setting
+
+    def warmup_for(self, setting: LoaderSettings) -> int:
+        """Steps discarded after switching to ``setting``: ``warmup_steps``, or its batches in flight where more
+        (the first fill is made while the new workers start, at no steady rate), at most twice ``warmup_steps``
+        plus half a window."""
+        if setting == self.original:
+            return self.options.warmup_steps
+        fill = max(self.options.warmup_steps, setting.batches_in_flight)
+        return min(fill, longest_probe(self.options, self.window_steps) - self.window_steps)
+
+    def steps_for(self, setting: LoaderSettings) -> int:
+        """Steps one measurement of ``setting`` takes: its warm-up and the window."""
+        return self.warmup_for(setting) + self.window_steps
+
+    def note_budget_spent(self) -> None:
+        """The epochs the probing may span are over: what was measured is all there is to decide on."""
+        self._ran_out = True
 
     # -- proposals -------------------------------------------------------------------------------------
 
@@ -168,14 +204,14 @@ class Planner:
 
     def _paid(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
         """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
-        setting with fewer workers, and the step's own time did not grow by more than ``STEP_SLOWDOWN``."""
+        setting with fewer workers (twice that where the step's own time grew by more than ``STEP_SLOWDOWN``)."""
         if not self._past_limit(setting) or setting == self.original:
             return True
         fewer = [o.sustained_rate for s, o in self.measurements.items() if s.num_workers < setting.num_workers]
         steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
-        faster = not fewer or m.sustained_rate >= max(fewer) * (1 + self.options.min_gain)
         step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
-        return faster and step_kept
+        gain = self.options.min_gain * (1 if step_kept else 2)
+        return not fewer or m.sustained_rate >= max(fewer) * (1 + gain)
 
     def _verify_more(self, best: LoaderSettings, best_m: WindowSnapshot, target: _Proposal | None) -> _Proposal | None:
         """One worker past the predicted core limit, where the model wants more and the last one paid.
@@ -200,6 +236,34 @@ class Planner:
         if self._tried(setting):
             return None
         note = f"past the predicted core limit of {self.budget.max_workers}: measured, not assumed"
+        return _Proposal(setting, note, verify=True)
+
+    def _jump(
+        self, best: LoaderSettings, best_m: WindowSnapshot, slower: LoaderSettings, consumer: float
+    ) -> _Proposal | None:
+        """Once per search: past a worker count that measured slower than fewer, straight to ``JUMP_CORES``
+        workers per predicted core (at most Little's law's count), where the producer still falls short.
+
+        One more worker beside a step whose threads keep the cores busy gets little of them; several win a
+        share by their number. Measured like any setting past the core limit: kept only if it pays.
+        """
+        if self._jumped or self.budget.workers_bound != CORES or best_m.mean_production_s is None:
+            return None
+        if not math.isfinite(consumer):
+            return None
+        wanted = workers_needed(best_m.mean_production_s, consumer)
+        workers = min(wanted, JUMP_CORES * max(1, self.budget.max_workers + 1))
+        if workers <= slower.num_workers + 1 or not self.budget.workers_verifiable(workers):
+            return None
+        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=best.pin_memory)
+        prefetch = min(max(best.prefetch, 2), deepest)
+        if prefetch < 1:
+            return None
+        setting = replace(best, num_workers=workers, prefetch_factor=prefetch)
+        if self._tried(setting):
+            return None
+        self._jumped = True
+        note = f"{_workers(slower.num_workers)} measured slower; {workers} may win the cores' share: measured"
         return _Proposal(setting, note, verify=True)
 
     def _tried(self, setting: LoaderSettings) -> bool:
@@ -232,7 +296,11 @@ class Planner:
                 proposal = self._with_workers(best_setting, middle, best_m, "between the best and a slower one")
                 if proposal is not None and not self._tried(proposal.setting):
                     return proposal
-            return self._deeper(best_setting, best_m, consumer) or self._pinning(best_setting)
+            return (
+                self._deeper(best_setting, best_m, consumer)
+                or self._jump(best_setting, best_m, last, consumer)
+                or self._pinning(best_setting)
+            )
         target = self._workers_for(best_setting, best_m, consumer)
         if (
             target is not None
@@ -426,6 +494,10 @@ class Planner:
             # Memory is a wall and cores a prediction: where both bind, no more workers could have been tried.
             return budget.memory_bound
         if chosen.num_workers >= budget.max_workers:
+            # A core limit is a prediction the search verifies past: where the probe budget ran out first, that
+            # is what stopped it.
+            if budget.workers_bound == CORES and self._ran_out:
+                return PROBE_BUDGET
             return budget.workers_bound
         if self.budget.memory_bound in self._bounds:
             return self.budget.memory_bound

@@ -45,6 +45,33 @@ _STATE_VERSION = 1
 _WATCHED_STEPS = 3
 
 
+MAX_SPAN_EPOCHS = 5
+"""Most epochs the probing may span when one epoch is too short for it."""
+
+_PROBES_WANTED = 3
+"""Candidates a span of several epochs is sized to hold, when one epoch holds none."""
+
+
+def _span_choices(max_epochs: int | None) -> tuple[int, ...]:
+    last = MAX_SPAN_EPOCHS if max_epochs is None or max_epochs < 1 else min(MAX_SPAN_EPOCHS, max_epochs)
+    return tuple(range(1, last + 1))
+
+
+def _spanning_planner(make: Callable[[int], Planner], spans: tuple[int, ...]) -> Planner:
+    """Epoch 0 alone where it holds the user's window and a candidate; else the fewest epochs whose probe budget
+    holds ``_PROBES_WANTED`` candidates, or failing that the fewest that hold one (the last tried when none)."""
+    planners = [make(span) for span in spans]
+    if planners[0].can_start():
+        return planners[0]
+    able = [p for p in planners if p.can_start()]
+    roomy = [p for p in able if p.budget_steps >= _PROBES_WANTED * p.window]
+    return (roomy or able or planners[-1:])[0]
+
+
+def _epochs(count: int) -> str:
+    return "epoch" if count == 1 else f"{count} epochs"
+
+
 def _what_starts(options: TuneOptions, epoch_steps: int) -> str:
     wanted = options_to_start(options, epoch_steps)
     if wanted is None:
@@ -64,6 +91,11 @@ class TrainerPort(Protocol):
 
     @property
     def current_epoch(self) -> int: ...
+
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs the fit runs at most (``None``: unbounded)."""
+        ...
 
     @property
     def devices_on_host(self) -> int:
@@ -203,7 +235,7 @@ class TuningSession:
         self._fault: str | None = None
         self._budget: HostBudget | None = None
         self._window: WindowSnapshot | None = None
-        self._epoch = 0
+        self._epoch = self._first_epoch = 0
         self._seeded: list[DataLoader] = []
         self._draws: RandomDrawWatch | None = None
 
@@ -236,28 +268,38 @@ class TuningSession:
         self._budget = self._host_budget(port)
         # Without a length (an iterable dataset) only the user's window is measured: size it as for 10 windows.
         planner_steps = steps if steps is not None else 10 * (self.options.warmup_steps + self.options.window_for(0))
-        self._planner = Planner(
-            original,
-            self._budget,
-            self.options,
-            max(0, planner_steps - port.consumed_in_epoch()),
-            pinning_helps=port.pinning_helps,
-        )
+        consumed = port.consumed_in_epoch()
+        epochs = _span_choices(port.max_epochs) if consumed == 0 and not self._iterable else (1,)
+
+        def planner(span: int) -> Planner:
+            assert self._budget is not None
+            steps_left = max(0, planner_steps - consumed)
+            return Planner(original, self._budget, self.options, steps_left, pinning_helps=port.pinning_helps,
+                           span_epochs=span)
+
+        self._planner = _spanning_planner(planner, epochs)
         if not self._iterable and not self._planner.can_start():
             window = self._planner.window
+            span = self._planner.span_epochs
+            capped = port.max_epochs is not None and span == port.max_epochs < MAX_SPAN_EPOCHS
             self._say(
-                f"auto-tuning is off: epoch 0 has {planner_steps} steps; measuring your settings and one candidate "
+                f"auto-tuning is off: epochs have {planner_steps} steps; measuring your settings and one candidate "
                 f"takes 2 x {window} steps, with at most {self._planner.budget_steps} steps of probing "
-                f"(probe_share={self.options.probe_share}). "
+                f"(probe_share={self.options.probe_share}) over the first {_epochs(span)} it may span"
+                + (f" (max_epochs={port.max_epochs}; more epochs would let it span up to {MAX_SPAN_EPOCHS})"
+                   if capped else "")
+                + ". "
                 + _what_starts(self.options, planner_steps)
             )
             return
         if not self._iterable:
             self._tap = OrderTap.install(loader)
         self._active = True
-        self._epoch = port.current_epoch
+        self._epoch = self._first_epoch = port.current_epoch
         self._step = 0
-        self._progress(f"measuring your settings ({original.label})")
+        span = self._planner.span_epochs
+        spans = f", probing over the first {_epochs(span)} ({planner_steps} steps each)" if span > 1 else ""
+        self._progress(f"measuring your settings ({original.label}){spans}")
 
     def on_train_batch_end(self, port: TrainerPort) -> None:
         """A training step ended."""
@@ -266,8 +308,12 @@ class TuningSession:
             if self._tap is not None and port.current_epoch != self._epoch:
                 self._stop_probing()
             return
+        if port.current_epoch != self._epoch:
+            self._epoch_turned(port)
+            if not self._active:
+                return
         self._step += 1
-        warmup = self.options.warmup_steps
+        warmup = self._warmup_steps
         if self._step == 1 and self._planner is not None and not self._planner.measurements:
             # The user's in-process fetches are watched for draws from the run's random streams, during the
             # warm-up steps only: the watch's own cost stays out of the measured window.
@@ -279,8 +325,37 @@ class TuningSession:
         elif self._step == warmup + self._window_steps:
             self._end_window(port)
 
+    def _epoch_turned(self, port: TrainerPort) -> None:
+        """A new epoch began while probing: the open window is dropped (its steps count as probing under a
+        candidate), and probing goes on at the new epoch's start, or the tuner decides when the span is over."""
+        planner = self._planner
+        assert planner is not None
+        self._epoch = port.current_epoch
+        if planner.current != planner.original:
+            planner.probe_steps += self._step
+        self._step = 0
+        self._window_start = None
+        spanned = self._epoch - self._first_epoch
+        spent = planner.probe_steps + planner.steps_for(planner.current) > planner.budget_steps
+        if spanned >= planner.span_epochs or spent:
+            planner.note_budget_spent()
+            # The tap stays for this epoch: a failure of the chosen setting can still go back mid-epoch.
+            self._finish(port, planner.decide(startup_s=self._startup_s or None, map_style=True))
+            return
+        self._progress(f"epoch {self._epoch}: measuring {planner.current.label} again from the epoch's start")
+
     def teardown(self) -> None:
         """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
+        if self._active and self.decision is None and self._loader is not None and self._planner is not None:
+            # Fit ended while probing: the user's loader keeps the user's settings.
+            original = self._planner.original
+            apply_settings(
+                self._loader,
+                num_workers=original.num_workers,
+                prefetch_factor=original.prefetch_factor,
+                pin_memory=original.pin_memory,
+                persistent_workers=original.persistent_workers,
+            )
         self._stop_probing()
         while self._seeded:
             stop_seed_draws(self._seeded.pop())
@@ -343,7 +418,8 @@ class TuningSession:
             return
         self._progress(
             f"probing {next_setting.label} ({planner.current_note}); probe steps "
-            f"{planner.probe_steps + planner.window}/{planner.budget_steps} of epoch 0"
+            f"{planner.probe_steps + planner.steps_for(next_setting)}/{planner.budget_steps} of "
+            + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else "epoch 0")
         )
         self._switch(port, next_setting)
         self._step = 0
@@ -395,6 +471,12 @@ class TuningSession:
         wrapper = _ProbeIterator(self, new_inner, consumed)
         port.replace_train_iterator(old, wrapper)
         self.monitor.loader_changed(self._loader)
+
+    @property
+    def _warmup_steps(self) -> int:
+        if self._planner is None:
+            return self.options.warmup_steps
+        return self._planner.warmup_for(self._planner.current)
 
     @property
     def _window_steps(self) -> int:
