@@ -255,16 +255,20 @@ class Planner:
         workers = min(wanted, JUMP_CORES * max(1, self.budget.max_workers + 1))
         if workers <= slower.num_workers + 1 or not self.budget.workers_verifiable(workers):
             return None
-        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=best.pin_memory)
-        prefetch = min(max(best.prefetch, 2), deepest)
-        if prefetch < 1:
-            return None
-        setting = replace(best, num_workers=workers, prefetch_factor=prefetch)
-        if self._tried(setting):
+        note = f"{_workers(slower.num_workers)} measured slower; {workers} may win the cores' share: measured"
+        proposal = self._verified(best, workers, note)
+        if proposal is None or self._tried(proposal.setting):
             return None
         self._jumped = True
-        note = f"{_workers(slower.num_workers)} measured slower; {workers} may win the cores' share: measured"
-        return _Proposal(setting, note, verify=True)
+        return proposal
+
+    def _verified(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
+        """``workers`` past the predicted core limit, at the deepest prefetch memory allows up to ``base``'s."""
+        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=base.pin_memory)
+        prefetch = min(max(base.prefetch, 2), deepest)
+        if prefetch < 1:
+            return None
+        return _Proposal(replace(base, num_workers=workers, prefetch_factor=prefetch), note, verify=True)
 
     def _tried(self, setting: LoaderSettings) -> bool:
         return any(r.setting == setting for r in self.results)
@@ -293,7 +297,11 @@ class Planner:
             # More workers measured slower (contention): look between the best and the last.
             middle = (best_setting.num_workers + last.num_workers) // 2
             if middle not in (best_setting.num_workers, last.num_workers):
-                proposal = self._with_workers(best_setting, middle, best_m, "between the best and a slower one")
+                note = "between the best and a slower one"
+                proposal = self._with_workers(best_setting, middle, best_m, note)
+                if proposal is not None and proposal.bound == CORES and self.budget.workers_verifiable(middle):
+                    # Both ends were measured: the core prediction does not cap a count between them.
+                    proposal = self._verified(best_setting, middle, note) or proposal
                 if proposal is not None and not self._tried(proposal.setting):
                     return proposal
             return (
