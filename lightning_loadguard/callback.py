@@ -83,7 +83,8 @@ class LoadGuard(_pl.Callback):
             (on global rank 0).
         auto_tune: ``True``, a :class:`~lightning_loadguard.tuning.options.TuneOptions`, or ``False``: choose
             the train loader's ``num_workers``, ``prefetch_factor``, ``persistent_workers`` (and ``pin_memory``
-            on an accelerator) during epoch 0; see ``docs/tuning.md``.
+            on an accelerator) during epoch 0 (the first few epochs when one is too short); see
+            ``docs/tuning.md``.
 
     Example:
         >>> from lightning.pytorch import Trainer

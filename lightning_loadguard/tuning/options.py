@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from lightning_loadguard.model.budget import RAM_BUDGET_SHARE, SHM_BUDGET_SHARE
 
 PROBE_SHARE = 0.2
-"""Default share of epoch 0's steps that may run under probed (not yet proven) settings."""
+"""Default share of the probed epochs' steps (epoch 0, or the first few when one is too short) that may run
+under probed (not yet proven) settings."""
 
 MIN_WINDOW = 8
 """Shortest automatic measurement window, in steps."""
@@ -36,8 +37,8 @@ class TuneOptions:
     """Limits and knobs of ``LoadGuard(auto_tune=TuneOptions(...))``; ``auto_tune=True`` uses the defaults.
 
     Args:
-        probe_share: share of epoch 0's steps that may run under settings still being probed (the user's
-            own settings, measured first, cost nothing). In (0, 1].
+        probe_share: share of the probed epochs' steps that may run under settings still being probed (the
+            user's own settings, measured first, cost nothing). In (0, 1].
         memory_share: share of the host's available RAM that the in-flight batches of *all* training
             processes on the host may claim. In (0, 1].
         shm_share: share of free ``/dev/shm`` those batches may claim (worker batches travel through it).
