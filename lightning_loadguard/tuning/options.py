@@ -69,15 +69,16 @@ class TuneOptions:
     """
 
     def window_for(self, budget_steps: int) -> int:
-        """The measurement window for a probe budget of ``budget_steps`` steps.
+        """The measurement window for a probe budget of ``budget_steps`` steps: the longest whose candidate
+        measurement (``warmup_steps``, up to half a window more for a first fill, and the window) fits the budget.
 
         Example:
             >>> TuneOptions().window_for(16), TuneOptions().window_for(120), TuneOptions(window_steps=6).window_for(120)
-            (12, 24, 6)
+            (8, 24, 6)
         """
         if self.window_steps is not None:
             return self.window_steps
-        return max(MIN_WINDOW, min(MAX_WINDOW, budget_steps - self.warmup_steps))
+        return max(MIN_WINDOW, min(MAX_WINDOW, (budget_steps - self.warmup_steps) * 2 // 3))
 
     probe_share: float = PROBE_SHARE
     memory_share: float = RAM_BUDGET_SHARE
