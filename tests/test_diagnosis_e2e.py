@@ -273,7 +273,10 @@ def test_a_deep_buffer_hiding_a_small_deficit_raises_the_alarm_before_the_wait()
     guard = _fit(loader, module, window=20, max_steps=warm_up_steps + 20)
     diagnosis = _diagnosis(guard)
 
-    assert guard.snapshot is not None and guard.snapshot.wait_fraction < 0.1
+    # The buffer hides the deficit: every fetch of the window found its batch made (what waits remain are the
+    # hand-over's, which a busy host stretches while the loop waits for a core).
+    snapshot = guard.snapshot
+    assert snapshot is not None and snapshot.ready_fraction == 1.0, snapshot.ready
     alarm = diagnosis.draining
     assert alarm is not None, diagnosis.to_text()
     truth = 1 - (2 / dataset.batch_cost(BATCH)) * step_s
