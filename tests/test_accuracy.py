@@ -16,6 +16,8 @@ CAPACITY_TOLERANCE = 0.05  # relative: the batch's own clock runs from its first
 # LoadGuard's timing of a fetch sits inside the profiler's, microseconds apart: 2 % of the observed figure.
 TOLERANCE_REL = 0.02
 WAIT_TOLERANCE_ABS = 0.002
+FETCH_APART_S = 0.0001  # the profiler's clock reads and LoadGuard's bookkeeping between the two intervals' ends
+FETCHES_APART_MOST = 0.8  # a busy host may deschedule the loop between the two clocks on a few fetches, not most
 
 _CASES = [
     pytest.param(scenario, id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}")
@@ -36,7 +38,8 @@ def test_figures_match_the_runs_own_clocks(scenario: Scenario) -> None:
     assert metrics["loadguard/producer_rate"] == pytest.approx(seen.capacity, rel=CAPACITY_TOLERANCE)
     # The wait: the fetches as Lightning's profiler timed them, over the loop time by the module's clock; and
     # no fetch ends before its batch's last sample was made (the dataset's clock).
-    assert wait == pytest.approx(seen.wait_fraction, rel=TOLERANCE_REL, abs=WAIT_TOLERANCE_ABS)
+    _assert_fetches_nest_in_the_profilers(guard.snapshot.wait_s, seen.fetch_s)
+    assert wait <= seen.wait_fraction * (1 + TOLERANCE_REL) + WAIT_TOLERANCE_ABS
     assert wait >= seen.production_wait_fraction - WAIT_TOLERANCE_ABS
     assert metrics["loadguard/step_ms"] == pytest.approx(seen.mean_step_s * 1e3, rel=TOLERANCE_REL)
     assert metrics["loadguard/throughput"] == pytest.approx(seen.throughput, rel=TOLERANCE_REL)
@@ -52,3 +55,13 @@ def test_figures_match_the_runs_own_clocks(scenario: Scenario) -> None:
         # In-process, every batch is made on demand, after it is asked for: none is ever waiting.
         assert not any(seen.made_before_asked)
         assert metrics["loadguard/ready_fraction"] == 0.0
+
+
+def _assert_fetches_nest_in_the_profilers(ours: tuple[float, ...], profiler: tuple[float, ...]) -> None:
+    """Fetch by fetch, LoadGuard's wait lies inside the profiler's interval and, on most fetches, within
+    ``FETCH_APART_S`` of it: the two clocks are read microseconds apart, unless the host takes the core between."""
+    assert len(ours) == len(profiler), (len(ours), len(profiler))
+    gaps = [theirs - mine for mine, theirs in zip(ours, profiler, strict=True)]
+    assert min(gaps) > -1e-6, gaps
+    close = sum(gap < FETCH_APART_S for gap in gaps)
+    assert close >= FETCHES_APART_MOST * len(gaps), gaps
