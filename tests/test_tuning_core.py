@@ -263,7 +263,8 @@ def test_never_breaks_a_budget_and_never_measured_slower(
         # Memory is a wall: never probed past. Cores are a prediction: one worker at a time past it, and
         # only after the most workers measured so far paid; once per search, a jump past a slower count.
         assert budget.breaks_wall(proposal) is None
-        if budget.allows(proposal) is not None:
+        new_count = all(s.num_workers != proposal.num_workers for s in measured)
+        if budget.allows(proposal) is not None and new_count:  # a deeper buffer or pinning adds no worker
             fewer = {s: r for s, r in measured.items() if s.num_workers < proposal.num_workers}
             if fewer and max(s.num_workers for s in fewer) != proposal.num_workers - 1:
                 if planner.current_note == "between the best and a slower one":
