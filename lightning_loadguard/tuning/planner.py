@@ -165,8 +165,8 @@ class Planner:
 
     def warmup_for(self, setting: LoaderSettings) -> int:
         """Steps discarded after switching to ``setting``: ``warmup_steps``, or its batches in flight where more
-        (the first fill is made while the new workers start, at no steady rate), at most twice ``warmup_steps``
-        plus half a window."""
+        (the first fill is made while the new workers start, at no steady rate), at most ``warmup_steps`` plus
+        half a window (see :func:`~lightning_loadguard.tuning.options.longest_probe`)."""
         if setting == self.original:
             return self.options.warmup_steps
         fill = max(self.options.warmup_steps, setting.batches_in_flight)
