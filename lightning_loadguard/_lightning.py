@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,14 +53,25 @@ class FetchTimingProfiler:
     Lightning 2.0.0 to 2.6.6 (sources checked). Where it differs, no fetch is timed: the consumer's figures
     (wait, step, throughput) read "not measured", LoadGuard says so once at the end of the epoch, and the
     producer's are measured in the workers regardless.
+
+    ``on_fetch_start`` and ``on_fetch_stop`` get the clock's reading. Nothing they raise reaches the loop (a
+    ``StopIteration`` there would end Lightning's epoch): ``on_error`` hears of the first failure, and no fetch
+    is timed from then on.
     """
 
     def __init__(
-        self, inner: Any, on_fetch_start: Callable[[], None], on_fetch_stop: Callable[[], None]
+        self,
+        inner: Any,
+        on_fetch_start: Callable[[float], None],
+        on_fetch_stop: Callable[[float], None],
+        on_error: Callable[[Exception], None],
     ) -> None:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_on_fetch_start", on_fetch_start)
         object.__setattr__(self, "_on_fetch_stop", on_fetch_stop)
+        object.__setattr__(self, "_on_error", on_error)
+        # The default profiler's start and stop do nothing: calling them twice per step would be pure cost.
+        object.__setattr__(self, "_delegate", type(inner) is not pl.profilers.PassThroughProfiler)
         object.__setattr__(self, "profile", inner.profile)
 
     @property
@@ -67,14 +79,33 @@ class FetchTimingProfiler:
         return self._inner
 
     def start(self, action_name: str) -> None:
-        self._inner.start(action_name)
-        if _is_fetch(action_name):
-            self._on_fetch_start()
+        if self._delegate:
+            self._inner.start(action_name)
+        fetch = _fetch_actions.get(action_name)
+        if fetch is None:
+            fetch = _is_fetch(action_name)
+        if fetch and self._on_fetch_start is not None:
+            try:
+                self._on_fetch_start(time.perf_counter())
+            except Exception as err:
+                self._fail(err)
 
     def stop(self, action_name: str) -> None:
-        if _is_fetch(action_name):
-            self._on_fetch_stop()
-        self._inner.stop(action_name)
+        fetch = _fetch_actions.get(action_name)
+        if fetch is None:
+            fetch = _is_fetch(action_name)
+        if fetch and self._on_fetch_stop is not None:
+            try:
+                self._on_fetch_stop(time.perf_counter())
+            except Exception as err:
+                self._fail(err)
+        if self._delegate:
+            self._inner.stop(action_name)
+
+    def _fail(self, err: Exception) -> None:
+        object.__setattr__(self, "_on_fetch_start", None)
+        object.__setattr__(self, "_on_fetch_stop", None)
+        self._on_error(err)
 
     def __getattr__(self, name: str) -> Any:
         if name in _PROXY_SLOTS:
@@ -92,7 +123,7 @@ class FetchTimingProfiler:
         self.__dict__.update(state)
 
 
-_PROXY_SLOTS = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "profile"})
+_PROXY_SLOTS = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "_on_error", "_delegate", "profile"})
 
 
 def is_tensorboard_logger(logger: object) -> bool:
@@ -174,24 +205,6 @@ def train_loaders(trainer: Any) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
-def should_log(trainer: Any) -> bool:
-    """Lightning's own decision to log on this training step (``log_every_n_steps``).
-
-    The same rule as ``_LoggerConnector.should_update_logs`` for the fit loop, read directly: this runs on
-    every step, and the property walks the trainer's loops. Reads ``epoch_loop._batches_that_stepped``
-    (Lightning 2.0.0 to 2.6.6, sources checked), as :func:`log_step` does; where it is missing both fall back
-    to ``trainer.global_step``.
-    """
-    every = trainer.log_every_n_steps
-    if not every:
-        return False
-    try:
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
-    except AttributeError:
-        step = trainer.global_step + 1
-    return step % every == 0 or bool(trainer.should_stop)
-
-
 def rank_sync_fn(trainer: Any) -> Callable[..., list[Any]]:
     """A ``torchmetrics`` ``dist_sync_fn`` over the strategy's public ``all_gather`` (any strategy, any device).
 
@@ -206,7 +219,8 @@ def rank_sync_fn(trainer: Any) -> Callable[..., list[Any]]:
 
 
 def log_step(trainer: Any) -> int:
-    """The step axis Lightning's own logged metrics use."""
+    """The step axis Lightning's own logged metrics use: ``epoch_loop._batches_that_stepped`` (Lightning 2.0.0
+    to 2.6.6, sources checked), ``trainer.global_step`` where it is missing."""
     try:
         return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
     except AttributeError:

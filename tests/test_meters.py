@@ -101,7 +101,8 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
         time.sleep(0.03)  # a slow consumer: the workers idle on a full buffer, capacity must not drop
     producer.poll()
     assert got == expected
-    assert len(starts) == 1 and len(fetches) == 12
+    # Workers' fetches are peeked at; an in-process one is made on demand, which needs no peek.
+    assert len(starts) == 1 and len(fetches) == (12 if num_workers else 0)
     assert producer.total_batches == 12
     # The samples slept 5 ms each (4 a batch), longer when other processes held the cores: the truth is the
     # time each batch took as the dataset saw it, and waiting on a full buffer is no part of it.

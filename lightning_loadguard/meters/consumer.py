@@ -8,13 +8,15 @@ timestamps from its caller, so it is driven identically by a Trainer adapter and
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from lightning_loadguard.meters.producer import _queued_seconds
 
 _NAN = float("nan")
 
 
 class StepRecord(NamedTuple):
-    """One completed training step, in seconds (a tuple: one is made per step, so it must be cheap)."""
+    """One completed training step, in seconds (kept as a plain tuple until read)."""
 
     wait_s: float
     step_s: float
@@ -36,10 +38,16 @@ class ConsumerMeter:
         ([0.01, 0.001], [0.02, 0.019])
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, core_wait_every: int = 0) -> None:
         if window < 1:
             raise ValueError(f"`window` must be a positive number of steps, got {window!r}.")
-        self._records: deque[StepRecord] = deque(maxlen=window)
+        if core_wait_every < 0:
+            raise ValueError(f"`core_wait_every` must be 0 (never) or a number of fetches, got {core_wait_every!r}.")
+        self.core_wait_every = core_wait_every
+        """Every this many fetches, the calling thread's wait for a core during the fetch is read (Linux)."""
+        self._fetches = 0
+        self._queued_before: float | None = None
+        self._records: deque[tuple[Any, ...]] = deque(maxlen=window)
         self._fetch_start: float | None = None
         self._fetch_end: float | None = None
         self._wait: float | None = None
@@ -52,17 +60,44 @@ class ConsumerMeter:
         self.total_steps = 0
         self.total_wait_s = 0.0
         self.total_step_s = 0.0
+        self.produced_on_demand = False
+        """Whether each batch is made when asked for (``num_workers=0``): no fetch finds it made, none waits."""
 
     def fetch_started(self, now: float) -> None:
         """The loop asked for its next batch: this closes the previous step."""
-        self.close_step(now)
+        # Runs on every step, with the caches cold from the step's own work: one call, plain tuples.
+        wait = self._wait
+        if self._fetch_end is not None and wait is not None:
+            step = now - self._fetch_end - self._excluded
+            step = step if step > 0.0 else 0.0
+            self._records.append((wait, step, self._transfer, self._ready, self._level, self._queued))
+            self.total_steps += 1
+            self.total_wait_s += wait
+            self.total_step_s += step
         self._fetch_start = now
+        self._fetch_end = self._wait = None
+        if self.produced_on_demand:
+            self._ready, self._level = False, 0
+        else:
+            self._ready = self._level = None
+        self._excluded = self._transfer = self._startup = 0.0
+        self._queued = _NAN
+        if self.core_wait_every:
+            self._fetches += 1
+            if self._fetches % self.core_wait_every == 0:
+                self._queued_before = _queued_seconds()
 
     def fetch_finished(self, now: float) -> None:
         if self._fetch_start is None:
             return
         self._wait = max(0.0, now - self._fetch_start - self._startup)
         self._fetch_end = now
+        before = self._queued_before
+        if before is not None:
+            self._queued_before = None
+            after = _queued_seconds()
+            if after is not None:
+                self._queued = max(0.0, after - before)
 
     def fetch_observed(self, ready: bool | None, buffer_level: int | None, startup_s: float = 0.0) -> None:
         """What the loader knew at the moment of the fetch (from the producer side, if instrumented).
@@ -73,10 +108,6 @@ class ConsumerMeter:
         self._ready = ready
         self._level = buffer_level
         self._startup = startup_s
-
-    def fetch_queued(self, seconds: float) -> None:
-        """Of this fetch's wait, ``seconds`` went to waiting for a core (sampled on some fetches only)."""
-        self._queued = seconds
 
     def step_started(self, now: float) -> None:
         """The step begins: the time since the batch arrived went to handing it to the step (transfer)."""
@@ -89,20 +120,23 @@ class ConsumerMeter:
 
     def close_step(self, now: float) -> None:
         """End the open step at ``now`` (the next fetch, or the end of the epoch)."""
-        if self._fetch_end is not None and self._wait is not None:
-            step = max(0.0, now - self._fetch_end - self._excluded)
-            self._records.append(StepRecord(self._wait, step, self._transfer, self._ready, self._level, self._queued))
-            self.total_steps += 1
-            self.total_wait_s += self._wait
-            self.total_step_s += step
-        self._fetch_start = self._fetch_end = self._wait = None
-        self._excluded = self._transfer = 0.0
-        self._ready = self._level = None
-        self._startup = 0.0
-        self._queued = _NAN
+        self.fetch_started(now)
+        self._fetch_start = self._queued_before = None
+
+    @property
+    def window_steps(self) -> int:
+        """Steps now in the window."""
+        return len(self._records)
 
     def records(self) -> list[StepRecord]:
-        return list(self._records)
+        return list(map(StepRecord._make, self._records))
+
+    def columns(self, last: int | None = None) -> StepRecord:
+        """The window's (or its ``last`` steps') records field by field: a tuple of values per field."""
+        records = list(self._records) if last is None else list(self._records)[len(self._records) - last :]
+        if not records:
+            return StepRecord((), (), (), (), (), ())
+        return StepRecord._make(zip(*records, strict=True))
 
     def resize(self, window: int) -> None:
         """Keep the latest ``window`` steps from now on (the window adapts to the epoch's length)."""

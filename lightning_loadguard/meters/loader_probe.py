@@ -21,7 +21,13 @@ from typing import Any
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter, WorkerMeter, time_in_process_fetch
+from lightning_loadguard.meters.producer import (
+    ROW_WIDTH,
+    ProducerCounters,
+    ProducerMeter,
+    WorkerMeter,
+    time_in_process_fetch,
+)
 
 _PROBE_ATTR = "_loadguard_probe"
 _BASE_ATTR = "_loadguard_probed_base"
@@ -39,22 +45,13 @@ class _EpochLedger:
 
     def __init__(self, counters: ProducerCounters, fresh: bool) -> None:
         self.counters = counters
+        self.flat = counters.flat
         rows = counters.rows
         self.base = [0] * rows if fresh else [counters.made(row) for row in range(rows)]
         self.received = [0] * rows
         self.started_at = time.perf_counter()
         self.first_fetch = True
         self.batches: int | None = None  # the epoch's length, once known
-
-    def waiting(self, row: int) -> int:
-        return self.counters.made(row) - self.base[row] - self.received[row]
-
-    def waiting_by_row(self) -> list[int]:
-        waiting = self.counters.made_by_row()
-        base, received = self.base, self.received
-        for row in range(len(waiting)):
-            waiting[row] -= base[row] + received[row]
-        return waiting
 
 
 class LoaderProbe:
@@ -67,6 +64,8 @@ class LoaderProbe:
             of this fetch spent waiting for the workers to finish starting up: the epoch's first fetch only).
         on_error: called once with what failed and the exception, when the probe's own code fails (the
             probe then measures nothing more); a warning by default.
+        on_startup: called, before ``on_fetch``, with the seconds of the epoch's first fetch that went to
+            waiting for the workers to start, when there were any.
     """
 
     def __init__(
@@ -75,10 +74,12 @@ class LoaderProbe:
         on_epoch_start: Callable[[float], None],
         on_fetch: Callable[[bool | None, int | None, float], None],
         on_error: Callable[[str, Exception], None] | None = None,
+        on_startup: Callable[[float], None] | None = None,
     ) -> None:
         self.producer = producer
         self.on_epoch_start = on_epoch_start
         self.on_fetch = on_fetch
+        self.on_startup = on_startup
         self.on_error = on_error or _warn
         self.failed = False
         self._said_unmeasured = False
@@ -127,10 +128,10 @@ class LoaderProbe:
                 fetcher = getattr(iterator, "_dataset_fetcher", None)
                 if fetcher is not None:
                     time_in_process_fetch(fetcher, counters, lambda err: self.fail("timing the in-process fetch", err))
-                self._observe(iterator, in_process=True)
+                # Each batch is made on demand: nothing is ever waiting, which the consumer knows without a peek.
             else:
                 iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
-                self._observe(iterator, in_process=False)
+                self._observe(iterator)
                 self._watch_resets(iterator)
         except Exception as err:
             self.fail("instrumenting the loader's iterator", err)
@@ -191,54 +192,49 @@ class LoaderProbe:
 
         iterator._reset = reset
 
-    def _observe(self, iterator: Any, in_process: bool) -> None:
+    def _observe(self, iterator: Any) -> None:
         # Held weakly: a cycle through the iterator's own attribute would delay its shutdown (and its
         # workers' exit) to an arbitrary garbage collection, possibly inside a forked child process.
         next_data_of = type(iterator)._next_data
         owner = weakref.ref(iterator)
         on_fetch = self.on_fetch
 
-        if in_process:
-
-            def next_data() -> Any:
-                batch = next_data_of(owner())
-                if not self.failed:
-                    try:
-                        # Produced on demand: nothing is ever waiting.
-                        on_fetch(False, 0, 0.0)
-                    except Exception as err:
-                        self.fail("observing the fetch", err)
-                return batch
-
-        else:
-
-            def next_data() -> Any:
-                current = owner()
-                ledger: _EpochLedger | None = current.__dict__.get(_LEDGER_ATTR)
-                if ledger is None or self.failed:
-                    return next_data_of(current)
-                try:
-                    row, ready, level = _peek(current, ledger)
-                    start = time.perf_counter()
-                except Exception as err:
-                    self.fail("observing the fetch", err)
-                    return next_data_of(current)
-                batch = next_data_of(current)
-                try:
-                    startup = 0.0
-                    if ledger.first_fetch:
-                        ledger.first_fetch = False
-                        ready_at = ledger.counters.ready_at()
-                        if ready_at >= ledger.started_at:
-                            startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
-                    if row is not None:
-                        ledger.received[row] += 1
-                    on_fetch(ready, level, startup)
-                except Exception as err:
-                    self.fail("observing the fetch", err)
-                return batch
+        def next_data() -> Any:
+            current = owner()
+            ledger: _EpochLedger | None = current.__dict__.get(_LEDGER_ATTR)
+            if ledger is None or self.failed:
+                return next_data_of(current)
+            try:
+                row, ready, level = _peek(current, ledger)
+                start = time.perf_counter()
+            except Exception as err:
+                self.fail("observing the fetch", err)
+                return next_data_of(current)
+            batch = next_data_of(current)
+            try:
+                startup = 0.0
+                if ledger.first_fetch:
+                    startup = self._first_fetch(ledger, start)
+                if row is not None:
+                    ledger.received[row] += 1
+                on_fetch(ready, level, startup)
+            except Exception as err:
+                self.fail("observing the fetch", err)
+            return batch
 
         iterator._next_data = next_data
+
+    def _first_fetch(self, ledger: _EpochLedger, start: float) -> float:
+        """The epoch's first fetch, which began at ``start``, ended: the seconds of it that went to waiting for
+        the workers to finish starting up."""
+        ledger.first_fetch = False
+        ready_at = ledger.counters.ready_at()
+        startup = 0.0
+        if ready_at >= ledger.started_at:
+            startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
+        if startup > 0 and self.on_startup is not None:
+            self.on_startup(startup)
+        return startup
 
 
 class _Unmeasurable(Exception):
@@ -253,25 +249,28 @@ def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None,
     """The worker row of the batch asked for, whether it is made, and the batches made and waiting.
 
     The level is left unknown once every batch of the epoch has been asked of the workers: from there it
-    can only fall, which is the epoch ending, not the buffer draining.
+    can only fall, which is the epoch ending, not the buffer draining. Runs on every fetch: one pass over the
+    workers' counters, no calls of its own.
     """
     try:
         entry = iterator._task_info.get(iterator._rcvd_idx)
-        waiting = ledger.waiting_by_row()
-        row = None if entry is None else entry[0] % len(waiting)
-        ready = None if row is None else len(entry) == 2 or waiting[row] > 0
+        flat, base, received = ledger.flat, ledger.base, ledger.received
+        row = None if entry is None else entry[0] % len(base)
+        level = 0
+        ready: bool | None = None
+        for worker in range(len(base)):
+            waiting = int(flat[worker * ROW_WIDTH]) - base[worker] - received[worker]
+            if waiting > 0:
+                level += waiting
+            if worker == row:
+                ready = len(entry) == 2 or waiting > 0
         if ledger.batches is None:
             try:
                 ledger.batches = len(iterator)
             except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
                 ledger.batches = -1
-        more_to_send = ledger.batches < 0 or iterator._send_idx < ledger.batches
-        level = None
-        if more_to_send:
-            level = 0
-            for count in waiting:
-                if count > 0:
-                    level += count
+        if ledger.batches >= 0 and iterator._send_idx >= ledger.batches:
+            return row, ready, None
         return row, ready, level
     except Exception:  # private internals of another torch version: readiness stays unknown
         return None, None, None

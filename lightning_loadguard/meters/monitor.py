@@ -18,18 +18,20 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
-from lightning_loadguard.meters.host import batch_nbytes, host_facts
+from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import ProducerMeter, _queued_seconds
+from lightning_loadguard.meters.producer import ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 
@@ -58,12 +60,21 @@ class LoaderMonitor:
     """Owns the consumer meter, the producer meter, the loader probe and the device timeline of one training
     process.
 
+    Per step, an adapter calls ``fetch_started(now)`` when the loop asks for its next batch (this closes the
+    previous step), ``fetch_finished(now)`` when it has it, ``step_started(now)`` first in the step (the
+    batch was handed to the device: ``now`` read after the device was told) and :meth:`step_ended`. Look the
+    first three up on each call: they are bound anew when a device timeline is attached.
+
     Args:
         window: steps in the rolling window of :meth:`snapshot`.
         guarded: runs ``fn(*args)`` for a measurement named ``what`` and returns ``None`` when it failed (now
             or before): the device timeline is then left off. By default failures propagate.
         on_error: told what failed and why when the loader probe's own code fails inside the loader.
     """
+
+    fetch_started: Callable[[float], None]
+    fetch_finished: Callable[[float], None]
+    step_started: Callable[[float], None]
 
     def __init__(
         self,
@@ -78,11 +89,13 @@ class LoaderMonitor:
         self._cpu_use: CpuUse | None = None
         self.accelerator = False
         """Whether the step runs on an accelerator."""
-        self._consumer = ConsumerMeter(window)
-        self._fetches = 0
-        self._queued_at_fetch: float | None = None
+        self._consumer = ConsumerMeter(window, core_wait_every=QUEUE_SAMPLE_EVERY)
+        self._bind_updates()
         self._producer = ProducerMeter(PRODUCER_WINDOWS * window)
-        self._probe = LoaderProbe(self._producer, self._epoch_started, self._fetch_observed, on_error)
+        # The consumer hears of each fetch directly: the probe's call runs on every step.
+        self._probe = LoaderProbe(
+            self._producer, self._epoch_started, self._consumer.fetch_observed, on_error, self._startup_observed
+        )
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
         self.settings = LoaderSettings()
@@ -114,33 +127,25 @@ class LoaderMonitor:
 
     # -- update ----------------------------------------------------------------------------------------
 
-    def fetch_started(self, now: float) -> None:
-        """The loop asks for its next batch (this closes the previous step)."""
+    def _bind_updates(self) -> None:
+        # Without a device timeline the per-step updates go straight to the consumer meter: they run on every
+        # step with the caches cold from the step's own work, where each call level costs microseconds.
+        direct = self._timeline is None
+        self.fetch_started = self._consumer.fetch_started if direct else self._fetch_started_on_device
+        self.fetch_finished = self._consumer.fetch_finished if direct else self._fetch_finished_on_device
+        self.step_started = self._consumer.step_started if direct else self._step_started_on_device
+
+    def _fetch_started_on_device(self, now: float) -> None:
         self._consumer.fetch_started(now)
-        self._fetches += 1
-        if self._fetches % QUEUE_SAMPLE_EVERY == 0:
-            self._queued_at_fetch = _queued_seconds()
-        # Every step passes here: the device is checked inline, without a call when there is none.
-        if self._timeline is not None:
-            self._device(DeviceTimeline.fetch_started)
+        self._device(DeviceTimeline.fetch_started)
 
-    def fetch_finished(self, now: float) -> None:
-        if self._timeline is not None:
-            self._device(DeviceTimeline.fetch_finished)
+    def _fetch_finished_on_device(self, now: float) -> None:
+        self._device(DeviceTimeline.fetch_finished)
         self._consumer.fetch_finished(now)
-        before = self._queued_at_fetch
-        if before is not None:
-            self._queued_at_fetch = None
-            after = _queued_seconds()
-            if after is not None:
-                self._consumer.fetch_queued(max(0.0, after - before))
 
-    def step_started(self, now: float | None = None) -> None:
-        """The step begins (call first in the step): the batch was handed to the device, and the time since it
-        arrived went to handing it over. ``now`` defaults to the clock after the device has been told."""
-        if self._timeline is not None:
-            self._device(DeviceTimeline.batch_on_device)
-        self._consumer.step_started(time.perf_counter() if now is None else now)
+    def _step_started_on_device(self, now: float) -> None:
+        self._device(DeviceTimeline.batch_on_device)
+        self._consumer.step_started(now)
 
     def step_ended(self) -> None:
         """The step's work was launched (call first, before anything that may wait for the device)."""
@@ -169,9 +174,8 @@ class LoaderMonitor:
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
 
-    def _fetch_observed(self, ready: bool | None, level: int | None, startup_s: float) -> None:
-        self._consumer.fetch_observed(ready, level, startup_s)
-        if startup_s > 0 and self._epoch_start_s:
+    def _startup_observed(self, startup_s: float) -> None:
+        if self._epoch_start_s:
             self._epoch_start_s[-1] += startup_s
 
     # -- the loader ------------------------------------------------------------------------------------
@@ -195,6 +199,7 @@ class LoaderMonitor:
             return reason
         self._loader = loader
         self.producer_instrumented = True
+        self._consumer.produced_on_demand = self.settings.num_workers == 0
         return None
 
     def detach(self) -> None:
@@ -203,10 +208,12 @@ class LoaderMonitor:
             restore(self._loader)
             self._loader = None
         self.producer_instrumented = False
+        self._consumer.produced_on_demand = False
 
     def loader_changed(self, loader: Any) -> None:
         """The loader's settings changed in place: the windows start afresh for the new settings."""
         before, self.settings = self.settings, settings_of(loader)
+        self._consumer.produced_on_demand = self.producer_instrumented and self.settings.num_workers == 0
         if self.settings != before and self.on_settings_changed is not None:
             self.on_settings_changed(before)
         # The switch restarts the workers between two steps: that gap is not the loop's.
@@ -218,6 +225,7 @@ class LoaderMonitor:
     def attach_device(self, new_event: Callable[[], DeviceEvent] | None) -> None:
         """Read the accelerator's own timeline through ``new_event`` (``None``: there is none)."""
         self._timeline = DeviceTimeline(new_event, self.window) if new_event is not None else None
+        self._bind_updates()
 
     def _device(self, call: Callable[[DeviceTimeline], Any]) -> None:
         timeline = self._timeline
@@ -250,12 +258,13 @@ class LoaderMonitor:
         """
         producer = self._producer
         producer.poll()
-        records = self._consumer.records()
+        consumer = self._consumer
+        last = None if since is None else max(0, min(consumer.window_steps, consumer.total_steps - since.steps))
+        steps = consumer.columns(last)
         metered = self.producer_instrumented
         durations, cpu, queued = producer.durations(), producer.cpu_durations(), producer.queued_durations()
         made: int | None = None
         if since is not None:
-            records = records[len(records) - min(len(records), self._consumer.total_steps - since.steps) :]
             made = producer.total_batches - since.batches
             keep = len(durations) - min(len(durations), max(0, made))
             durations, cpu, queued = durations[keep:], cpu[keep:], queued[keep:]
@@ -265,20 +274,22 @@ class LoaderMonitor:
         else:
             # The device's steps are read a step or two behind the host's; with under half of them the window
             # stays on the host's clock.
-            device = device[-len(records) :] if records else []
-            device = device if len(device) >= len(records) / 2 else []
-        ready = tuple(r.ready for r in records if r.ready is not None)
+            device = device[-len(steps.wait_s) :] if steps.wait_s else []
+            device = device if len(device) >= len(steps.wait_s) / 2 else []
+        count = len(steps.wait_s)
+        ready = tuple(filter(_known, steps.ready))
         # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
-        levels = tuple(r.buffer_level for r in records if r.buffer_level is not None)
+        levels = tuple(filter(_known, steps.buffer_level))
         return WindowSnapshot(
-            wait_s=tuple(r.wait_s for r in records),
-            step_s=tuple(r.step_s for r in records),
-            transfer_s=tuple(r.transfer_s for r in records),
-            wait_queued_s=tuple(r.queued_s for r in records),
+            wait_s=steps.wait_s,
+            step_s=steps.step_s,
+            transfer_s=steps.transfer_s,
+            wait_queued_s=steps.queued_s,
             settings=self.settings,
-            host=host_facts(self.processes_on_host),
-            ready=ready if len(ready) == len(records) and ready else None,
-            buffer_level=levels if len(levels) >= len(records) // 2 and levels else None,
+            # A rolling window may take a reading of memory up to a second old; a probe's is read anew.
+            host=host_facts(self.processes_on_host, max_age_s=MEMORY_REREAD_S if since is None else 0.0),
+            ready=ready if len(ready) == count and ready else None,
+            buffer_level=levels if len(levels) >= count // 2 and levels else None,
             production_s=durations if metered else (),
             production_cpu_s=cpu if metered else (),
             production_queued_s=queued if metered else (),
@@ -327,6 +338,9 @@ class LoaderMonitor:
     @property
     def total_busy_s(self) -> float:
         return self._producer.total_busy_s
+
+
+_known = partial(operator.is_not, None)
 
 
 def _unguarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -39,6 +39,8 @@ _READY_AT = 2
 _DURATION, _FINISHED, _CPU, _QUEUED = (_HEADER + k * _RING for k in range(4))
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _WIDTH = _HEADER + 4 * _RING
+ROW_WIDTH = _WIDTH
+"""Entries per row of :attr:`ProducerCounters.flat`; a row's first entry counts the batches it made."""
 _NAN = float("nan")
 
 SAMPLE_INTERVAL_S = 0.02
@@ -98,7 +100,7 @@ class ProducerCounters:
             self.tensor.share_memory_()
 
     def __getstate__(self) -> dict[str, Any]:
-        # The numpy view is rebuilt in each process; the tensor travels through torch's shared memory.
+        # The views are rebuilt in each process; the tensor travels through torch's shared memory.
         return {"rows": self.rows, "tensor": self.tensor}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -113,8 +115,9 @@ class ProducerCounters:
         return view
 
     @property
-    def _flat(self) -> memoryview:
-        # Element access through a memoryview costs tens of nanoseconds; through numpy, hundreds.
+    def flat(self) -> memoryview:
+        """The table as one flat run of float64 (row ``r`` starts at ``r * ROW_WIDTH``): element access
+        through a memoryview costs tens of nanoseconds, through numpy hundreds."""
         view = self.__dict__.get("_flat_view")
         if view is None:
             view = self.__dict__["_flat_view"] = memoryview(self.array.reshape(-1)).cast("B").cast("d")
@@ -129,7 +132,7 @@ class ProducerCounters:
         finished: float | None = None,
     ) -> None:
         """One batch made by ``row``: its busy time, and its CPU and queueing time where sampled (else NaN)."""
-        data = self._flat
+        data = self.__dict__.get("_flat_view") or self.flat
         base = row * _WIDTH
         count = int(data[base])
         slot = base + count % _RING
@@ -149,12 +152,7 @@ class ProducerCounters:
         return float(self.array[:, _READY_AT].max())
 
     def made(self, row: int) -> int:
-        return int(self._flat[row * _WIDTH])
-
-    def made_by_row(self) -> list[int]:
-        """Batches made so far by each row, in one pass (read on every fetch)."""
-        flat = self._flat
-        return [int(flat[row * _WIDTH]) for row in range(self.rows)]
+        return int(self.flat[row * _WIDTH])
 
 
 def _timed(
@@ -255,6 +253,15 @@ def time_in_process_fetch(
     fetcher.fetch = timed
 
 
+def _ring_span(row: Any, base: int, first: int, end: int) -> list[float]:
+    """Entries ``first`` to ``end`` (exclusive, counted from the start) of the ring at ``base`` in ``row``:
+    one or two slices, not an index per entry."""
+    start, stop = base + first % _RING, base + (end - 1) % _RING + 1
+    if stop > start:
+        return row[start:stop].tolist()
+    return row[start : base + _RING].tolist() + row[base:stop].tolist()
+
+
 class ProducerMeter:
     """Reads the counters and keeps a rolling window of per-batch production times.
 
@@ -325,10 +332,7 @@ class ProducerMeter:
             if new <= 0:
                 continue
             first = max(self._seen[row], count - _RING)
-            slots = [i % _RING for i in range(first, count)]
-            columns = [
-                table[row, [base + slot for slot in slots]].tolist() for base in (_FINISHED, _DURATION, _CPU, _QUEUED)
-            ]
+            columns = [_ring_span(table[row], base, first, count) for base in (_FINISHED, _DURATION, _CPU, _QUEUED)]
             fresh.extend(zip(*columns, strict=True))
             self.total_batches += new
             self._seen[row] = count
