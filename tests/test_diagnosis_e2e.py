@@ -233,7 +233,7 @@ def test_batches_in_flight_near_the_available_ram_are_a_memory_risk(monkeypatch:
     available = int(in_flight * batch_bytes * 1.5)  # the batches claim 2/3 of it: above the 1/2 budget
     cores = monitor_module.host_facts().cpu_count
 
-    def small_host(processes_on_host: int = 1) -> HostFacts:
+    def small_host(processes_on_host: int = 1, max_age_s: float = 0.0) -> HostFacts:
         return HostFacts(cores, processes_on_host, available_ram_bytes=available, shm_free_bytes=2**40)
 
     monkeypatch.setattr(monitor_module, "host_facts", small_host)

@@ -84,8 +84,8 @@ def test_a_small_memory_budget_is_never_broken(monkeypatch: pytest.MonkeyPatch) 
     batch_bytes = 4 * (8 + 16 * 4)  # index (int64) and 16 float32 features per sample
     small = 2 * 6 * batch_bytes  # with memory_share=0.5: six batches in flight
 
-    def tiny_host(processes: int = 1) -> HostFacts:
-        real = host_facts(processes)
+    def tiny_host(processes: int = 1, max_age_s: float = 0.0) -> HostFacts:
+        real = host_facts(processes, max_age_s)
         return HostFacts(real.cpu_count, processes, available_ram_bytes=small, shm_free_bytes=None)
 
     monkeypatch.setattr(monitor_module, "host_facts", tiny_host)

@@ -131,8 +131,17 @@ def usable_cores(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> flo
         >>> usable_cores() <= len(affinity_cpus())
         True
     """
+    return cores_within(cgroup_cpu_limit(root, proc_cgroup))
+
+
+def cores_within(quota: float | None) -> float:
+    """Cores of this process's affinity mask, narrowed by a CPU quota of ``quota`` cores (``None``: none).
+
+    Example:
+        >>> cores_within(0.5)
+        0.5
+    """
     cpus = float(len(affinity_cpus()))
-    quota = cgroup_cpu_limit(root, proc_cgroup)
     return cpus if quota is None else min(cpus, quota)
 
 

@@ -11,7 +11,7 @@ import psutil
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_loadguard.meters.cpu import affinity_cpus, cgroup_cpu_limit, whole_cores
+from lightning_loadguard.meters.cpu import cgroup_cpu_limit, cores_within, whole_cores
 from lightning_loadguard.meters.window import HostFacts
 
 
@@ -27,25 +27,32 @@ QUOTA_REREAD_S = 30.0
 """How long the container's CPU quota (a dozen small cgroup file reads) is taken as known before it is read
 again; the affinity mask (one system call) is read each time."""
 
+MEMORY_REREAD_S = 1.0
+"""How long a reading of available RAM and free /dev/shm serves a rolling window (a tenth of a millisecond
+per reading, which a logging step every 50 short steps would pay every 0.1 s)."""
+
 _quota_read: list[Any] = []  # [when read, cores the quota allows or None]
+_memory_read: list[Any] = []  # [when read, available RAM bytes, free /dev/shm bytes or None]
 
 
 def _usable_cpu_count() -> int:
     now = time.monotonic()
     if not _quota_read or now - _quota_read[0] >= QUOTA_REREAD_S:
         _quota_read[:] = [now, cgroup_cpu_limit()]
-    cpus = float(len(affinity_cpus()))
-    quota = _quota_read[1]
-    return whole_cores(cpus if quota is None else min(cpus, quota))
+    return whole_cores(cores_within(_quota_read[1]))
 
 
-def host_facts(processes_on_host: int = 1) -> HostFacts:
-    """This host's cores (the quota re-read every ``QUOTA_REREAD_S``), available RAM and free /dev/shm."""
+def host_facts(processes_on_host: int = 1, max_age_s: float = 0.0) -> HostFacts:
+    """This host's cores (the quota re-read every ``QUOTA_REREAD_S``), available RAM and free /dev/shm (read
+    anew unless a reading under ``max_age_s`` old exists)."""
+    now = time.monotonic()
+    if not _memory_read or now - _memory_read[0] >= max_age_s:
+        _memory_read[:] = [now, int(psutil.virtual_memory().available), shm_free_bytes()]
     return HostFacts(
         cpu_count=_usable_cpu_count(),
         processes_on_host=processes_on_host,
-        available_ram_bytes=int(psutil.virtual_memory().available),
-        shm_free_bytes=shm_free_bytes(),
+        available_ram_bytes=_memory_read[1],
+        shm_free_bytes=_memory_read[2],
     )
 
 

@@ -135,11 +135,7 @@ class RankFigures(Metric):
 
     def update(self, values: dict[str, float]) -> None:  # type: ignore[override]
         """This rank's figures by name (a missing or NaN figure was not measured)."""
-        unknown = set(values) - _FIELD_SET
-        if unknown:
-            raise ValueError(f"unknown rank figures {sorted(unknown)}; allowed: {', '.join(FIELDS)}")
-        row = [float(values.get(name, _NAN)) for name in FIELDS]
-        self.figures = torch.tensor(row, dtype=torch.float64, device=self.device)
+        self.figures = torch.tensor(_row(values), dtype=torch.float64, device=self.device)
 
     def compute(self) -> dict[str, list[float]]:
         """Every rank's figures, by name (index = global rank)."""
@@ -161,6 +157,25 @@ class RankFigures(Metric):
             self.figures = torch.full((len(FIELDS),), _NAN, dtype=torch.float64, device=self.device)
         gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
         return _summarise(ranks, math.fsum(gpu), float(len(gpu)), this_rank)
+
+
+def _row(values: dict[str, float]) -> list[float]:
+    unknown = set(values) - _FIELD_SET
+    if unknown:
+        raise ValueError(f"unknown rank figures {sorted(unknown)}; allowed: {', '.join(FIELDS)}")
+    return [float(values.get(name, _NAN)) for name in FIELDS]
+
+
+def single_rank_summary(values: dict[str, float]) -> RankSummary:
+    """:meth:`RankFigures.summary` of a run with one process: the same reduction, without a collective.
+
+    Example:
+        >>> single_rank_summary({"wait_fraction": 0.25, "host_key": 7.0}).metrics["loadguard/wait_fraction"]
+        0.25
+    """
+    ranks = {name: [value] for name, value in zip(FIELDS, _row(values), strict=True)}
+    gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
+    return _summarise(ranks, math.fsum(gpu), float(len(gpu)), 0)
 
 
 def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, this_rank: int) -> RankSummary:

@@ -190,7 +190,7 @@ def recommend_prefetch(
 def _mean_time(name: str, values: Sequence[float]) -> float:
     if not values:
         raise ValueError(f"{name} must hold at least one time, got an empty sequence")
-    if any(not (math.isfinite(v) and v >= 0) for v in values):
+    if not all(map(math.isfinite, values)) or min(values) < 0:
         raise ValueError(f"{name} must hold finite times >= 0")
     return fmean(values)
 

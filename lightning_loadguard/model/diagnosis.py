@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, compress
 from statistics import fmean, median
 
 from lightning_loadguard.meters.window import WindowSnapshot
@@ -146,8 +147,8 @@ class _Facts:
 
 def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
     same = [h for h in history if h.settings == snap.settings] + [snap]
-    production = tuple(t for h in same for t in h.production_s)
-    steps = tuple(t for h in same for t in h.step_s)
+    production = tuple(chain.from_iterable(h.production_s for h in same))
+    steps = tuple(chain.from_iterable(h.step_s for h in same))
     workers = max(0, snap.settings.num_workers)
     prefetch = snap.settings.prefetch
     if workers == 0 and not production:
@@ -156,7 +157,7 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
     loop = snap.loop_s
     ready_wait = core_wait = 0.0
     if snap.ready is not None and len(snap.ready) == len(snap.wait_s):
-        ready_wait = math.fsum(w for w, r in zip(snap.wait_s, snap.ready, strict=True) if r)
+        ready_wait = math.fsum(compress(snap.wait_s, snap.ready))
         core_wait = ready_wait * _core_wait_share(snap)
     stall = snap.wait_fraction - (ready_wait / loop if loop > 0 else 0.0)
     capacity, source = _capacity(snap, production, workers)

@@ -8,6 +8,7 @@ consumer rate while the level is still above zero.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
@@ -69,13 +70,12 @@ def drain_from_levels(levels: Sequence[int]) -> DrainAlarm | None:
     n = len(levels)
     if n < DRAIN_MIN_POINTS:
         return None
-    if any(level < 0 for level in levels):
+    if min(levels) < 0:
         raise ValueError("levels must hold batch counts >= 0")
-    xs = range(n)
     mean_x, mean_y = (n - 1) / 2, fmean(levels)
-    sxx = math.fsum((x - mean_x) ** 2 for x in xs)
+    sxx = n * (n * n - 1) / 12  # the spread of 0, 1, ..., n - 1 about their mean
     syy = math.fsum((y - mean_y) ** 2 for y in levels)
-    sxy = math.fsum((x - mean_x) * (y - mean_y) for x, y in zip(xs, levels, strict=True))
+    sxy = math.fsum(map(operator.mul, range(n), levels)) - mean_x * n * mean_y
     if syy == 0:
         return None
     slope = sxy / sxx
