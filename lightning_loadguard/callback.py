@@ -22,7 +22,7 @@ from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.device import DeviceEvent, cuda_events
 from lightning_loadguard.meters.host import host_key
 from lightning_loadguard.meters.monitor import LoaderMonitor
-from lightning_loadguard.meters.ranks import RankFigures, rank_figures
+from lightning_loadguard.meters.ranks import RankFigures, rank_figures, single_rank_summary
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
@@ -77,7 +77,8 @@ class LoadGuard(_pl.Callback):
         window: steps in the rolling window the figures are computed over; ``None`` (the default): half an
             epoch, at least 10 and at most 100 steps, so that the first figures arrive within the first epoch
             whatever its length.
-        log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``. Besides, the
+        log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``, but no more
+            often than every ``window // 2`` steps (each figure spans the window). Besides, the
             first full window is logged as soon as it is full.
         print_summary: print the diagnosis after the first epoch and the summary table at the end of fit
             (on global rank 0).
@@ -98,6 +99,21 @@ class LoadGuard(_pl.Callback):
     _device_events: Callable[[], DeviceEvent] | None = None
     """Where the device's timing events come from; ``None`` picks CUDA events on a CUDA device (tests plug in
     a simulated device here)."""
+
+    # Per-batch hooks LoadGuard has no use for. Lightning calls a callback's hook only where it is callable
+    # (``_call_callback_hooks``, sources 2.0.0 to 2.6.6 checked; ``tests/test_lightning_seam.py`` checks the
+    # installed one), so these cost no dispatch: each would open a profiler context and read the callback's
+    # state key on every step, which on short steps costs more than all of LoadGuard's own work.
+    on_before_backward = None  # type: ignore[assignment]
+    on_after_backward = None  # type: ignore[assignment]
+    on_before_optimizer_step = None  # type: ignore[assignment]
+    on_before_zero_grad = None  # type: ignore[assignment]
+    on_validation_batch_start = None  # type: ignore[assignment]
+    on_validation_batch_end = None  # type: ignore[assignment]
+    on_test_batch_start = None  # type: ignore[assignment]
+    on_test_batch_end = None  # type: ignore[assignment]
+    on_predict_batch_start = None  # type: ignore[assignment]
+    on_predict_batch_end = None  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -135,6 +151,8 @@ class LoadGuard(_pl.Callback):
         self._monitor.on_settings_changed = self._settings_changed
         self._ranks = RankFigures()
         self._measure_batch = True
+        self._log_due = False
+        self._every = 0  # steps between logging steps, known from on_train_start
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
         self._said: set[str] = set()
@@ -189,23 +207,6 @@ class LoadGuard(_pl.Callback):
             self._say_once(f"{err}.")
         self._switched_off.add(what)
 
-    def _on_fetch_start(self) -> None:
-        # On the training loop's fetch path: nothing LoadGuard computes may reach it, nor end an epoch (the
-        # clock is read in here too: a StopIteration from anywhere in a hook ends Lightning's epoch).
-        if _FETCH_TIMING not in self._switched_off:
-            try:
-                self._monitor.fetch_started(time.perf_counter())
-            except Exception as err:
-                self._switch_off(_FETCH_TIMING, err)
-
-    def _on_fetch_stop(self) -> None:
-        if _FETCH_TIMING not in self._switched_off:
-            try:
-                self._monitor.fetch_finished(time.perf_counter())
-            except Exception as err:
-                self._switch_off(_FETCH_TIMING, err)
-
-
     # -- loaders ---------------------------------------------------------------------------------------
 
     def _on_loaders_ready(self, loaders: list[Any]) -> None:
@@ -240,11 +241,12 @@ class LoadGuard(_pl.Callback):
         self._patches.add("the train loader's class", self._monitor.detach)
         if self._tuner is not None:
             self._patches.add("the auto-tuner's hold on the loader", self._tuner.teardown)
+        # The device first: the fetch timing below binds the monitor's updates as they are with it.
+        self._monitor.attach_device(self._device_events or cuda_events(trainer.strategy.root_device))
         if _pl.install_profiler(trainer, self._fetch_timing_profiler):
             self._patches.add("the trainer's profiler", _pl.uninstall_profiler, trainer)
         if _pl.hook_loaders_ready(trainer, self._on_loaders_ready):
             self._patches.add("the fit loop's loader hook", _pl.unhook_loaders_ready, trainer)
-        self._monitor.attach_device(self._device_events or cuda_events(trainer.strategy.root_device))
         self._monitor.accelerator = trainer.strategy.root_device.type != "cpu"
         # The ranks' figures travel in a collective: on the device the strategy gathers from.
         self._ranks = self._ranks.to(trainer.strategy.root_device)
@@ -256,6 +258,7 @@ class LoadGuard(_pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._window_given:
             self._adapt_window(trainer.num_training_batches)
+        self._every = self._log_every(trainer)
         if self._monitor.loader is None:
             # Without the pre-iterator hook the first iterator already exists: the next one is measured.
             self._on_loaders_ready(_pl.train_loaders(trainer))
@@ -272,7 +275,16 @@ class LoadGuard(_pl.Callback):
         self._monitor.resize(window)
 
     def _fetch_timing_profiler(self, inner: Any) -> _pl.FetchTimingProfiler:
-        return _pl.FetchTimingProfiler(inner, self._on_fetch_start, self._on_fetch_stop)
+        # The monitor's own methods, called with the clock's reading: the proxy guards them.
+        return _pl.FetchTimingProfiler(
+            inner,
+            self._monitor.fetch_started,
+            self._monitor.fetch_finished,
+            self._fetch_timing_failed,
+        )
+
+    def _fetch_timing_failed(self, err: Exception) -> None:
+        self._switch_off(_FETCH_TIMING, err)
 
     def _add_dashboard(self, trainer: Any) -> None:
         if trainer.global_rank != 0:
@@ -308,10 +320,12 @@ class LoadGuard(_pl.Callback):
         # input conversion and the copy to the device.
         if _STEP_TIMING not in self._switched_off:
             try:
-                self._monitor.step_started()
+                self._monitor.step_started(time.perf_counter())
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
-        if self._measure_batch or self._should_log(trainer):
+        # Decided once per step: Lightning's logging step counter moves only after on_train_batch_end.
+        self._log_due = self._should_log(trainer)
+        if self._measure_batch or self._log_due:
             self._measure_batch = False
             self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
 
@@ -325,7 +339,10 @@ class LoadGuard(_pl.Callback):
                 self._monitor.step_ended()
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
-        if self._should_log(trainer):
+        # Lightning also logs the step on which the training was told to stop.
+        stopping = self.log_every_n_steps is None and trainer.should_stop and self._every
+        if self._log_due or stopping:
+            self._log_due = False
             self._publish(trainer)
         if self._tuner is not None:
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
@@ -403,9 +420,22 @@ class LoadGuard(_pl.Callback):
         step = _pl.log_step(trainer) + 1
         if step == self.window:
             return True  # the first full window, early in a run whatever the logging cadence
-        if self.log_every_n_steps is None:
-            return _pl.should_log(trainer)
-        return step % self.log_every_n_steps == 0
+        every = self._every
+        if not every:
+            return False
+        # As Lightning's own rule (``_LoggerConnector.should_update_logs``) where LoadGuard follows the trainer.
+        return step % every == 0 or (self.log_every_n_steps is None and bool(trainer.should_stop))
+
+    def _log_every(self, trainer: Any) -> int:
+        """Steps between logging steps: the user's, else the trainer's but no fewer than half a window.
+
+        Each figure spans the window: logging it every step of a ``log_every_n_steps=1`` trainer would repeat
+        the same steps, at a cost (a window, a diagnosis, a collective) that short steps would feel.
+        """
+        if self.log_every_n_steps is not None:
+            return self.log_every_n_steps
+        every = int(trainer.log_every_n_steps or 0)
+        return max(every, self.window // 2) if every else 0
 
     def _local_figures(self, snapshot: WindowSnapshot) -> dict[str, float]:
         gpu = self._gpu.read() if self._gpu is not None else None
@@ -414,15 +444,19 @@ class LoadGuard(_pl.Callback):
     def _publish(self, trainer: Any, log: bool = True) -> None:
         snapshot = self._guarded("building the measurement window", self._monitor.snapshot)
         figures = self._guarded("summarising the window", self._local_figures, snapshot) if snapshot else None
-        self._ranks.update(figures or {"host_key": self._host_key})
-        # Every rank reaches the collective on the same steps whatever happened locally above.
-        combined = self._guarded(
-            "combining the ranks' figures",
-            self._ranks.summary,
-            trainer.global_rank,
-            _pl.rank_sync_fn(trainer),
-            trainer.world_size,
-        )
+        figures = figures or {"host_key": self._host_key}
+        if trainer.world_size == 1:
+            combined = self._guarded("combining the ranks' figures", single_rank_summary, figures)
+        else:
+            self._ranks.update(figures)
+            # Every rank reaches the collective on the same steps whatever happened locally above.
+            combined = self._guarded(
+                "combining the ranks' figures",
+                self._ranks.summary,
+                trainer.global_rank,
+                _pl.rank_sync_fn(trainer),
+                trainer.world_size,
+            )
         if combined is None:
             return
         self._monitor.processes_on_host = combined.processes_on_host

@@ -13,6 +13,7 @@ import ast
 import inspect
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.utils.data
@@ -129,7 +130,12 @@ def test_every_hook_loadguard_implements_is_a_callback_hook_marked_override() ->
     from lightning_loadguard import LoadGuard
 
     hooks = {name for name in vars(pl.Callback) if not name.startswith("_")} & set(vars(LoadGuard))
+    left_out = {name for name in hooks if vars(LoadGuard)[name] is None}
+    hooks -= left_out
     assert {"setup", "on_train_batch_end", "teardown", "on_exception", "state_dict"} <= hooks
+    assert left_out <= {name for name in vars(pl.Callback) if "_batch_" in name or name.startswith("on_before_")} | {
+        "on_after_backward"
+    }
     for name in hooks:
         function = vars(LoadGuard)[name]
         function = getattr(function, "fget", function)
@@ -137,6 +143,33 @@ def test_every_hook_loadguard_implements_is_a_callback_hook_marked_override() ->
     for name, function in vars(LoadGuard).items():
         if getattr(function, "__override__", False):
             assert hasattr(pl.Callback, name), f"LoadGuard.{name} is marked @override but overrides nothing"
+
+
+def test_the_hooks_loadguard_leaves_out_are_never_dispatched_and_the_rest_are() -> None:
+    from lightning.pytorch.profilers import SimpleProfiler
+    from pipelines import quiet_trainer
+
+    from lightning_loadguard import LoadGuard
+    from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+    # The profiler records every hook Lightning dispatches to a callback, by name.
+    profiler = SimpleProfiler()
+    guard = LoadGuard(window=4, print_summary=False)
+    trainer = quiet_trainer(callbacks=[guard], max_epochs=1, profiler=profiler, limit_val_batches=2)
+    loader = timed_loader(TimedDataset(24), 4)
+
+    class Validated(TimedModule):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            pass
+
+    trainer.fit(Validated(), loader, loader)
+    ours = [name for name in profiler.recorded_durations if name.startswith("[Callback]LoadGuard")]
+    dispatched = {name.rsplit(".", 1)[-1] for name in ours}
+    assert {"on_train_batch_start", "on_train_batch_end", "on_validation_start"} <= dispatched
+    per_step = {"on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"}
+    per_batch = {"on_validation_batch_start", "on_validation_batch_end"}
+    assert not dispatched & (per_step | per_batch), sorted(dispatched)
+    assert guard.metrics["loadguard/step_ms"] > 0
 
 
 def _fit_and_say(max_epochs: int) -> tuple[list[str], dict[str, float]]:

@@ -38,24 +38,40 @@ def test_training_sees_the_same_samples_in_the_same_order() -> None:
     assert guarded == plain
 
 
-def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path) -> None:
-    class LoggingModule(TimedModule):
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss = super().training_step(batch, batch_idx)
-            self.log("train_loss", loss)
-            return loss
+class _LoggingModule(TimedModule):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss)
+        return loss
 
+
+def _csv_rows(tmp_path: Path, log_every_n_steps: int, num_workers: int) -> list[dict[str, str]]:
+    """20 steps under a ``LoadGuard(window=10)`` and a CSV logger: the rows it wrote."""
     guard = LoadGuard(window=10, print_summary=False)
-    trainer = _trainer(guard, logger=CSVLogger(tmp_path), log_every_n_steps=5, max_epochs=1)
-    trainer.fit(LoggingModule(step_s=0.002), timed_loader(TimedDataset(80), batch_size=4, num_workers=1))
+    trainer = _trainer(guard, logger=CSVLogger(tmp_path), log_every_n_steps=log_every_n_steps, max_epochs=1)
+    loader = timed_loader(TimedDataset(80), batch_size=4, num_workers=num_workers)
+    trainer.fit(_LoggingModule(step_s=0.002), loader)
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    ours = {int(r["step"]) for r in rows if r.get("loadguard/wait_fraction")}
-    lightnings = {int(r["step"]) for r in rows if r.get("train_loss")}
-    assert ours == lightnings == {4, 9, 14, 19}
+        return list(csv.DictReader(handle))
+
+
+def _steps_with(rows: list[dict[str, str]], name: str) -> set[int]:
+    return {int(r["step"]) for r in rows if r.get(name)}
+
+
+def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path) -> None:
+    rows = _csv_rows(tmp_path, log_every_n_steps=5, num_workers=1)
+    assert _steps_with(rows, "loadguard/wait_fraction") == _steps_with(rows, "train_loss") == {4, 9, 14, 19}
     wait = [float(r["loadguard/wait_fraction"]) for r in rows if r.get("loadguard/wait_fraction")]
     assert all(0.0 <= w <= 1.0 for w in wait)
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
+
+
+def test_a_trainer_logging_every_step_gets_the_window_every_half_window(tmp_path: Path) -> None:
+    rows = _csv_rows(tmp_path, log_every_n_steps=1, num_workers=0)
+    assert _steps_with(rows, "train_loss") == set(range(20))
+    # Each figure spans 10 steps: logged every 5, on Lightning's logging steps.
+    assert _steps_with(rows, "loadguard/wait_fraction") == {4, 9, 14, 19}
 
 
 def test_tensorboard_gets_scalars_dashboard_and_diagnosis(tmp_path: Path) -> None:
