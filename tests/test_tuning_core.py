@@ -174,6 +174,22 @@ def test_compute_bound_keeps_the_settings_without_probing() -> None:
     assert decision.probe_steps == 0 and decision.probe_cost_s == 0.0
 
 
+def test_a_wait_that_went_to_waiting_for_a_core_is_not_a_loader_to_tune() -> None:
+    # 12 % of the loop waits; the sampled fetches spent 90 % of theirs waiting for a core (a busy host).
+    steps = FAST.window_steps
+    assert steps is not None
+    busy_host = replace(
+        window(88.0, 0.010, 0.015),
+        wait_queued_s=tuple(0.0012 if k % 4 == 0 else math.nan for k in range(steps)),
+    )
+    planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+    assert planner.record(busy_host) is None
+    assert planner.decide().verdict == "compute_bound"
+    # The same wait spent on the loader is worth probing.
+    planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+    assert planner.record(window(88.0, 0.010, 0.015)) is not None
+
+
 def test_a_slower_candidate_never_replaces_the_original() -> None:
     planner = Planner(LoaderSettings(1, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
     proposal = planner.record(window(30.0, 0.010, 0.033))

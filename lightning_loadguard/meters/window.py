@@ -198,6 +198,28 @@ class WindowSnapshot:
         mean = self.mean_step_s
         return 1.0 / mean if mean > 0 else float("inf")
 
+    def core_wait_share(self, ready_only: bool = False) -> float:
+        """Of the fetches whose wait for a core was sampled (those that found their batch made, with
+        ``ready_only``), the share of their wait the loop's thread spent waiting for a core (0 where none).
+
+        On a busy host the loop's thread, woken with its batch, may wait for a core before it can take it:
+        that time is the host's contention, not the loader's or the hand-over's.
+
+        Example:
+            >>> nan = float("nan")
+            >>> snap = WindowSnapshot(wait_s=(0.004, 0.002, 0.010), step_s=(0.01,) * 3,
+            ...     wait_queued_s=(0.003, nan, 0.0), ready=(True, True, False))
+            >>> snap.core_wait_share(), snap.core_wait_share(ready_only=True)
+            (0.21428571428571427, 0.75)
+        """
+        ready = self.ready if ready_only and self.ready is not None else (True,) * len(self.wait_s)
+        waited = queued = 0.0
+        for wait, made, core in zip(self.wait_s, ready, self.wait_queued_s, strict=False):
+            if made and core == core:  # NaN: not sampled
+                waited += wait
+                queued += min(core, wait)
+        return queued / waited if waited > 0 else 0.0
+
     @property
     def ready_fraction(self) -> float | None:
         if not self.ready:

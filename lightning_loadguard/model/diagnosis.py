@@ -158,7 +158,7 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
     ready_wait = core_wait = 0.0
     if snap.ready is not None and len(snap.ready) == len(snap.wait_s):
         ready_wait = math.fsum(compress(snap.wait_s, snap.ready))
-        core_wait = ready_wait * _core_wait_share(snap)
+        core_wait = ready_wait * snap.core_wait_share(ready_only=True)
     stall = snap.wait_fraction - (ready_wait / loop if loop > 0 else 0.0)
     capacity, source = _capacity(snap, production, workers)
     draining = drain_from_levels(snap.buffer_level) if snap.buffer_level else None
@@ -184,21 +184,6 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         ready_core_wait_fraction=core_wait / loop if loop > 0 else 0.0,
         draining=draining,
     )
-
-
-def _core_wait_share(snap: WindowSnapshot) -> float:
-    """Of the ready fetches whose core wait was sampled, the share of their wait spent waiting for a core.
-
-    On a busy host the loop's thread, woken with a ready batch, may wait for a core before it can take it:
-    that time is the host's contention, not the hand-over's cost.
-    """
-    assert snap.ready is not None
-    waited = queued = 0.0
-    for wait, ready, core in zip(snap.wait_s, snap.ready, snap.wait_queued_s, strict=False):
-        if ready and core == core:  # NaN: not sampled
-            waited += wait
-            queued += min(core, wait)
-    return queued / waited if waited > 0 else 0.0
 
 
 def _capacity(snap: WindowSnapshot, production: tuple[float, ...], workers: int) -> tuple[float | None, str]:

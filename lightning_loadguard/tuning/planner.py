@@ -228,15 +228,11 @@ class Planner:
             if best_m.sustained_rate < previous.sustained_rate * (1 + self.options.min_gain):
                 return None  # the last worker did not pay: the next one will not either
         workers = best.num_workers + 1
-        deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=best.pin_memory)
-        prefetch = min(best.prefetch, deepest)
-        if prefetch < 1 or not self.budget.workers_verifiable(workers):
-            return None
-        setting = replace(best, num_workers=workers, prefetch_factor=prefetch)
-        if self._tried(setting):
+        if not self.budget.workers_verifiable(workers):
             return None
         note = f"past the predicted core limit of {self.budget.max_workers}: measured, not assumed"
-        return _Proposal(setting, note, verify=True)
+        proposal = self._verified(best, workers, note)
+        return None if proposal is None or self._tried(proposal.setting) else proposal
 
     def _jump(
         self, best: LoaderSettings, best_m: WindowSnapshot, slower: LoaderSettings, consumer: float
@@ -263,7 +259,8 @@ class Planner:
         return proposal
 
     def _verified(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
-        """``workers`` past the predicted core limit, at the deepest prefetch memory allows up to ``base``'s."""
+        """``workers`` past the predicted core limit, at ``base``'s prefetch but at least 2 (the depth a new
+        worker count starts from), as deep as memory allows."""
         deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=base.pin_memory)
         prefetch = min(max(base.prefetch, 2), deepest)
         if prefetch < 1:
@@ -542,13 +539,15 @@ def _workers(count: int) -> str:
 def _winnable(setting: LoaderSettings, m: WindowSnapshot) -> float:
     """Share of the loop's time a faster loader could win back.
 
-    The measured wait also holds the loop's own fetch overhead, which no loader setting removes. Without
+    The measured wait also holds the loop's own fetch overhead, which no loader setting removes, and on a
+    busy host the loop's thread waiting for a core (sampled), which more workers would only add to. Without
     workers the batch is made inside the wait, so what workers could hide is at most the production time.
     """
+    wait = m.wait_fraction * (1.0 - m.core_wait_share())
     if setting.num_workers == 0 and m.mean_production_s is not None:
         production = m.mean_production_s
-        return min(m.wait_fraction, production / (production + m.mean_step_s)) if production > 0 else 0.0
-    return m.wait_fraction
+        return min(wait, production / (production + m.mean_step_s)) if production > 0 else 0.0
+    return wait
 
 
 def model_only_decision(
