@@ -8,7 +8,10 @@ For each pipeline this script
    loop doing the same step as the module) of: the tuned setting, ``num_workers=0``, Lightning's suggestion
    ``cpu_count // processes_per_host - 1`` with the default prefetch, and every point of a grid over
    ``num_workers`` and ``prefetch_factor``; in alternating rounds (every setting once per round, the order
-   rotated), each setting's figure being its median over the rounds.
+   rotated), each setting's figure being its median over the rounds;
+3. measures the tuned setting and the grid's best again, side by side in as many fresh rounds: the grid's best
+   is the largest of many noisy medians, so its figure from the grid's own rounds errs high (by several
+   percent on a shared machine), and the held-out ratio is the one the goal (>= 0.95) is judged on.
 
 The pipelines: synthetic ones with known per-sample costs whose step waits like an accelerator step
 (I/O-bound, CPU-bound transforms, bursty, compute-bound, and 16 ms of CPU work per batch against a 10 ms
@@ -175,17 +178,21 @@ def main() -> None:
             keys: list[Key] = sorted({(w, p if w else None) for w, p in product(workers_grid, prefetch_grid)}, key=str)
             keys += [k for k in [(suggestion, 2), tuned_key] if k not in keys]
             runs: dict[Key, list[float]] = {k: [] for k in keys}
-            ratios = []
             for r in range(rounds):
                 order = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotated: no setting always runs first
                 this_round = {k: steady_rate(pipeline, k, steps, warmup) for k in order}
                 for k, v in this_round.items():
                     runs[k].append(v)
-                grid_best = max(v for k, v in this_round.items() if k[0] in workers_grid)
-                ratios.append(this_round[tuned_key] / grid_best)
             rate = {k: statistics.median(v) for k, v in runs.items()}
             best_key = max((k for k in keys if k != (suggestion, 2) or k[0] in workers_grid), key=rate.__getitem__)
-            rows.append((pipeline.name, rate, best_key, tuned_key, ratios, decision))
+            # The grid's best is the largest of many noisy medians, so its own figure errs high (the winner's
+            # curse): tuned and grid best are compared again in fresh rounds, the two side by side.
+            held_out = []
+            for r in range(rounds):
+                pair = [tuned_key, best_key] if r % 2 == 0 else [best_key, tuned_key]
+                got = {k: steady_rate(pipeline, k, steps, warmup) for k in pair}
+                held_out.append(got[tuned_key] / got[best_key])
+            rows.append((pipeline.name, rate, best_key, tuned_key, held_out, decision))
             loads.append(_load())
             print(f"{pipeline.name}: done (load {loads[-1]})", flush=True)
 
@@ -195,25 +202,25 @@ def main() -> None:
         f"median of {rounds} alternating round(s); load average (1, 5, 15 min) seen: {', '.join(loads)}"
     )
     header = (
-        f"| pipeline | w=0 | Lightning (w={suggestion}, p=2) | grid best | tuned | tuned / grid best "
-        "| per round | verdict | probe steps / budget | probe cost |"
+        f"| pipeline | w=0 | Lightning (w={suggestion}, p=2) | grid best | tuned | tuned / grid best, held out "
+        "| held-out rounds | in the grid's rounds | verdict | probe steps / budget | probe cost |"
     )
     print(header)
-    print("|---" * 10 + "|")
+    print("|---" * 11 + "|")
     worst = 1.0
-    for name, rate, best_key, tuned_key, ratios, decision in rows:
+    for name, rate, best_key, tuned_key, held_out, decision in rows:
         probe = f"{decision.probe_steps} / {decision.probe_budget_steps}" if decision else "-"
         cost = f"{decision.probe_cost_s:.2f} s" if decision else "-"
         verdict = decision.verdict if decision else "not tuned"
-        ratio = rate[tuned_key] / rate[best_key]
+        ratio = statistics.median(held_out)
         worst = min(worst, ratio)
         print(
             f"| {name} | {rate[(0, None)]:.1f} | {rate[(suggestion, 2)]:.1f} "
             f"| {rate[best_key]:.1f} ({label(best_key)}) "
-            f"| {rate[tuned_key]:.1f} ({label(tuned_key)}) | {ratio:.2f} | {' '.join(f'{x:.2f}' for x in ratios)} "
-            f"| {verdict} | {probe} | {cost} |"
+            f"| {rate[tuned_key]:.1f} ({label(tuned_key)}) | {ratio:.2f} | {' '.join(f'{x:.2f}' for x in held_out)} "
+            f"| {rate[tuned_key] / rate[best_key]:.2f} | {verdict} | {probe} | {cost} |"
         )
-    print(f"\nworst tuned / grid best: {worst:.2f} (goal >= 0.95)")
+    print(f"\nworst tuned / grid best, held out: {worst:.2f} (goal >= 0.95)")
     for name, *_, decision in rows:
         if decision is not None:
             print(f"\n{name}:\n{decision.table()}")
