@@ -6,6 +6,7 @@ import os
 import re
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from lightning_loadguard.meters import monitor as monitor_module
 from lightning_loadguard.meters.host import host_facts
 from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.tuning import session as session_module
 from lightning_loadguard.tuning.session import TuneOptions
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
@@ -69,6 +71,41 @@ def test_epochs_see_the_untuned_order_while_settings_switch() -> None:
     assert decision.probe_steps <= decision.probe_budget_steps == 24
     assert decision.throughput_after is not None and decision.throughput_before is not None
     assert decision.throughput_after >= decision.throughput_before * (1 + FAST.min_gain)
+
+
+def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lightning_loadguard.tuning import planner as planner_module
+    from lightning_loadguard.tuning.planner import _Proposal
+
+    def two_workers_once(self: Any, best: Any, best_m: Any) -> Any:
+        return None if len(self.results) > 1 else _Proposal(replace(self.original, num_workers=2), "a candidate")
+
+    def the_candidate_again(self: Any, best: Any, best_m: Any, base: Any) -> Any:
+        if self._confirmed:
+            return None
+        self._confirmed = True
+        return _Proposal(self.results[-1].setting, "measured again")
+
+    monkeypatch.setattr(planner_module.Planner, "_search", two_workers_once)
+    monkeypatch.setattr(planner_module.Planner, "_confirm", the_candidate_again)
+    restarts: list[dict[str, Any]] = []
+    restart = session_module.restart_iterator
+
+    def counted_restart(*args: Any, **kwargs: Any) -> Any:
+        restarts.append(kwargs)
+        return restart(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "restart_iterator", counted_restart)
+    untuned, _, _ = fit(io_bound(), False)
+    tuned, guard, _ = fit(io_bound(), FAST)
+    decision = guard.decision
+    assert decision is not None
+    assert [c.setting.num_workers for c in decision.candidates] == [1, 2, 2], decision.table()
+    assert decision.candidates[2].steps == FAST.warmup_steps + FAST.window_steps  # warm: no refill
+    assert len([k for k in restarts if k.get("num_workers") == 2]) == 1  # switched to 2 workers once
+    assert tuned == untuned
 
 
 def test_compute_bound_keeps_the_settings_and_says_so() -> None:

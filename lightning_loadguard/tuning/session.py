@@ -421,7 +421,10 @@ class TuningSession:
             f"{planner.probe_steps + planner.steps_for(next_setting)}/{planner.budget_steps} of "
             + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else "epoch 0")
         )
-        self._switch(port, next_setting)
+        if planner.continuing:
+            self._switch_started = time.perf_counter()  # measured again as it runs: no restart
+        else:
+            self._switch(port, next_setting)
         self._step = 0
 
     def _combine(self, port: TrainerPort, local: WindowSnapshot) -> tuple[WindowSnapshot, bool]:
