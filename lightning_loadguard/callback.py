@@ -101,7 +101,7 @@ class LoadGuard(_pl.Callback):
     a simulated device here)."""
 
     # Per-batch hooks LoadGuard has no use for. Lightning calls a callback's hook only where it is callable
-    # (``_call_callback_hooks``, sources 2.0.0 to 2.6.6 checked; ``tests/test_lightning_seam.py`` checks the
+    # (``_call_callback_hooks``, sources 2.5.0 and 2.6.6 checked; ``tests/test_lightning_seam.py`` checks the
     # installed one), so these cost no dispatch: each would open a profiler context and read the callback's
     # state key on every step, which on short steps costs more than all of LoadGuard's own work.
     on_before_backward = None  # type: ignore[assignment]
