@@ -81,20 +81,15 @@ class FetchTimingProfiler:
     def start(self, action_name: str) -> None:
         if self._delegate:
             self._inner.start(action_name)
-        fetch = _fetch_actions.get(action_name)
-        if fetch is None:
-            fetch = _is_fetch(action_name)
-        if fetch and self._on_fetch_start is not None:
+        # The cache read inline: the fetch's own name is known after its first step, and each call costs here.
+        if (_fetch_actions.get(action_name) or _is_fetch(action_name)) and self._on_fetch_start is not None:
             try:
                 self._on_fetch_start(time.perf_counter())
             except Exception as err:
                 self._fail(err)
 
     def stop(self, action_name: str) -> None:
-        fetch = _fetch_actions.get(action_name)
-        if fetch is None:
-            fetch = _is_fetch(action_name)
-        if fetch and self._on_fetch_stop is not None:
+        if (_fetch_actions.get(action_name) or _is_fetch(action_name)) and self._on_fetch_stop is not None:
             try:
                 self._on_fetch_stop(time.perf_counter())
             except Exception as err:

@@ -339,9 +339,7 @@ class LoadGuard(_pl.Callback):
                 self._monitor.step_ended()
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
-        # Lightning also logs the step on which the training was told to stop.
-        stopping = self.log_every_n_steps is None and trainer.should_stop and self._every
-        if self._log_due or stopping:
+        if self._log_due or self._stopping(trainer):
             self._log_due = False
             self._publish(trainer)
         if self._tuner is not None:
@@ -420,11 +418,12 @@ class LoadGuard(_pl.Callback):
         step = _pl.log_step(trainer) + 1
         if step == self.window:
             return True  # the first full window, early in a run whatever the logging cadence
-        every = self._every
-        if not every:
-            return False
-        # As Lightning's own rule (``_LoggerConnector.should_update_logs``) where LoadGuard follows the trainer.
-        return step % every == 0 or (self.log_every_n_steps is None and bool(trainer.should_stop))
+        return (bool(self._every) and step % self._every == 0) or self._stopping(trainer)
+
+    def _stopping(self, trainer: Any) -> bool:
+        """Lightning also logs the step on which training was told to stop (``_LoggerConnector
+        .should_update_logs``): so does LoadGuard where it follows the trainer."""
+        return self.log_every_n_steps is None and bool(self._every) and bool(trainer.should_stop)
 
     def _log_every(self, trainer: Any) -> int:
         """Steps between logging steps: the user's, else the trainer's but no fewer than half a window.

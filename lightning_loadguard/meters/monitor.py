@@ -261,6 +261,7 @@ class LoaderMonitor:
         consumer = self._consumer
         last = None if since is None else max(0, min(consumer.window_steps, consumer.total_steps - since.steps))
         steps = consumer.columns(last)
+        count = len(steps.wait_s)
         metered = self.producer_instrumented
         durations, cpu, queued = producer.durations(), producer.cpu_durations(), producer.queued_durations()
         made: int | None = None
@@ -274,9 +275,8 @@ class LoaderMonitor:
         else:
             # The device's steps are read a step or two behind the host's; with under half of them the window
             # stays on the host's clock.
-            device = device[-len(steps.wait_s) :] if steps.wait_s else []
-            device = device if len(device) >= len(steps.wait_s) / 2 else []
-        count = len(steps.wait_s)
+            device = device[-count:] if count else []
+            device = device if len(device) >= count / 2 else []
         ready = tuple(filter(_known, steps.ready))
         # Levels are unknown at an epoch's tail (the sampler is spent): the trend is judged on the rest.
         levels = tuple(filter(_known, steps.buffer_level))

@@ -98,6 +98,7 @@ class ProducerCounters:
         self.tensor = torch.zeros(self.rows, _HEADER + 4 * _RING, dtype=torch.float64)
         if num_workers > 0:
             self.tensor.share_memory_()
+        self._view()
 
     def __getstate__(self) -> dict[str, Any]:
         # The views are rebuilt in each process; the tensor travels through torch's shared memory.
@@ -106,22 +107,14 @@ class ProducerCounters:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.rows = state["rows"]
         self.tensor = state["tensor"]
+        self._view()
 
-    @property
-    def array(self) -> Any:
-        view = self.__dict__.get("_array")
-        if view is None:
-            view = self.__dict__["_array"] = self.tensor.numpy()
-        return view
-
-    @property
-    def flat(self) -> memoryview:
-        """The table as one flat run of float64 (row ``r`` starts at ``r * ROW_WIDTH``): element access
-        through a memoryview costs tens of nanoseconds, through numpy hundreds."""
-        view = self.__dict__.get("_flat_view")
-        if view is None:
-            view = self.__dict__["_flat_view"] = memoryview(self.array.reshape(-1)).cast("B").cast("d")
-        return view
+    def _view(self) -> None:
+        self.array: Any = self.tensor.numpy()
+        """The table as a numpy array, one row per producer."""
+        # Element access through a memoryview costs tens of nanoseconds, through numpy hundreds.
+        self.flat = memoryview(self.array.reshape(-1)).cast("B").cast("d")
+        """The table as one flat run of float64 (row ``r`` starts at ``r * ROW_WIDTH``)."""
 
     def record(
         self,
@@ -132,7 +125,7 @@ class ProducerCounters:
         finished: float | None = None,
     ) -> None:
         """One batch made by ``row``: its busy time, and its CPU and queueing time where sampled (else NaN)."""
-        data = self.__dict__.get("_flat_view") or self.flat
+        data = self.flat
         base = row * _WIDTH
         count = int(data[base])
         slot = base + count % _RING
