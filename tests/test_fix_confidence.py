@@ -94,7 +94,8 @@ def test_the_reported_case_jpeg_decoding_and_a_cnn_on_the_cpu(tmp_path: Path) ->
     if torch.get_num_threads() < 2:
         pytest.skip("torch runs one intra-op thread here: the step does not compete for the cores")
     paths = make_jpegs(tmp_path, 16)
-    loader = timed_loader(JpegDataset(paths, 32 * 24), batch_size=32, num_workers=0)
+    # 72 steps: the run outlasts the CPU sampler's shortest window (MIN_WINDOW_S) on a quiet, fast machine too.
+    loader = timed_loader(JpegDataset(paths, 32 * 72), batch_size=32, num_workers=0)
     guard = LoadGuard(window=10, log_every_n_steps=5, print_summary=False)
     quiet_trainer(max_epochs=1, callbacks=[guard]).fit(CpuModule("cnn"), loader)
     d = guard.diagnosis
