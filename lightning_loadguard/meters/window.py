@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from statistics import fmean
+from typing import Any
 
 from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
@@ -144,6 +145,54 @@ class WindowSnapshot:
             wait_queued_s=(),
             ready=None,
             production_s=production,
+        )
+
+    def joined(self, later: WindowSnapshot) -> WindowSnapshot:
+        """This window and a later one of the same setting, as one longer window.
+
+        The per-step and per-batch sequences are concatenated and the batches made added up; everything
+        measured once per window (host, CPU use, settings) is the later window's.
+
+        Example:
+            >>> a = WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.1,) * 10, batches_made=10)
+            >>> b = WindowSnapshot(wait_s=(0.1,) * 10, step_s=(0.1,) * 10, batches_made=8)
+            >>> round(a.joined(b).sustained_rate, 2)
+            6.0
+        """
+
+        def both(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+            # Known over the whole span only where known in both windows.
+            return None if a is None or b is None else a + b
+
+        def optional(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+            return a + b if a and b else b
+
+        def sampled(a: tuple[float, ...], a_len: int, b: tuple[float, ...], b_len: int) -> tuple[float, ...]:
+            # Aligned with the steps or batches, NaN where not sampled.
+            if not a and not b:
+                return ()
+            return (a if len(a) == a_len else (math.nan,) * a_len) + (b if len(b) == b_len else (math.nan,) * b_len)
+
+        made = None
+        if self.batches_made is not None and later.batches_made is not None:
+            made = self.batches_made + later.batches_made
+        made_a, made_b = len(self.production_s), len(later.production_s)
+        return replace(
+            later,
+            wait_s=self.wait_s + later.wait_s,
+            step_s=self.step_s + later.step_s,
+            transfer_s=optional(self.transfer_s, later.transfer_s),
+            wait_queued_s=sampled(self.wait_queued_s, self.steps, later.wait_queued_s, later.steps),
+            ready=both(self.ready, later.ready),
+            buffer_level=both(self.buffer_level, later.buffer_level),
+            production_s=self.production_s + later.production_s,
+            production_cpu_s=sampled(self.production_cpu_s, made_a, later.production_cpu_s, made_b),
+            production_queued_s=sampled(self.production_queued_s, made_a, later.production_queued_s, made_b),
+            device_step_s=optional(self.device_step_s, later.device_step_s),
+            device_data_idle_s=optional(self.device_data_idle_s, later.device_data_idle_s),
+            device_loop_idle_s=optional(self.device_loop_idle_s, later.device_loop_idle_s),
+            device_copy_s=optional(self.device_copy_s, later.device_copy_s),
+            batches_made=made,
         )
 
     @property

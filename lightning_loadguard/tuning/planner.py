@@ -142,7 +142,9 @@ class Planner:
             self.probe_steps += self.steps_for(setting)
             self.probe_time_s += window.loop_s
         if not failed:
-            self.measurements[setting] = window
+            earlier = self.measurements.get(setting)
+            # Measured again: one window of a few dozen steps is noisy, two together half as much (per root).
+            self.measurements[setting] = window if earlier is None else earlier.joined(window)
         elif setting == self.original:
             return None  # the user's own setting failing is the user's error to see, not ours to tune around
         proposal = self._propose()
@@ -299,9 +301,9 @@ class Planner:
 
         A setting that measured faster than the best but was not taken (past the predicted core limit, it
         did not pay), or a best that measured faster than the user's settings by less than ``min_gain``: one
-        window of a few dozen steps on a busy host cannot separate them. The new window replaces the first;
-        where the setting still runs, its workers are started and its buffer is full, so it costs only
-        ``warmup_steps`` and a window.
+        window of a few dozen steps on a busy host cannot separate them. The new window joins the first (the
+        setting is judged on both); where the setting still runs, its workers are started and its buffer is
+        full, so it costs only ``warmup_steps`` and a window.
         """
         if self._confirmed:
             return None
@@ -429,6 +431,8 @@ class Planner:
             return None
         if has_deficit(_profile(m.production_s), _profile(m.step_s), setting.num_workers):
             return None  # a buffer postpones a deficit, never removes it
+        if not self._wait_explained(setting, m):
+            return None
         advice = recommend_prefetch(
             _profile(m.production_s),
             _profile(m.step_s),
@@ -450,6 +454,25 @@ class Planner:
             return None
         proposal = _Proposal(replace(setting, prefetch_factor=wanted), "deeper buffer for bursts (replay)", bound)
         return None if self._tried(proposal.setting) else proposal
+
+    def _wait_explained(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
+        """Whether the buffer model, replaying the window's own production and step times at its depth,
+        accounts for the wait it measured (within ``WAIT_OK``).
+
+        A deeper buffer absorbs the bursts those times hold. Where the loop waited far more than they explain,
+        the wait comes from what the per-batch times do not show (workers waiting for a core between batches
+        on a busy host, the hand-over): no depth removes it, and probing depths would only spend the budget
+        that more workers need.
+        """
+        replayed = simulate_buffer(
+            _profile(m.production_s),
+            _profile(m.step_s),
+            num_workers=setting.num_workers,
+            prefetch_factor=setting.prefetch,
+            steps=REPLAY_MIN_STEPS,
+            record_levels=False,
+        )
+        return _winnable(setting, m) - replayed.wait_fraction <= WAIT_OK
 
     def _pinning(self, setting: LoaderSettings) -> _Proposal | None:
         if not self.pinning_helps or setting.pin_memory or setting.num_workers < 1:
