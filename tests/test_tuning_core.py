@@ -449,6 +449,74 @@ def test_a_jump_that_does_not_pay_keeps_the_best_measured() -> None:
     assert planner.decide().num_workers == 0
 
 
+def _blocky(rate: float, spread: float, step_s: float, production_s: float, steps: int = 24) -> WindowSnapshot:
+    """A window at ``rate`` steps/s on average whose blocks of 4 steps run alternately ``spread`` faster and
+    slower (a host whose cores the step's threads and the workers share)."""
+    periods = []
+    for block in range(steps // 4):
+        block_rate = rate * (1 + spread if block % 2 == 0 else 1 - spread)
+        periods += [1.0 / block_rate] * 4
+    scale = steps / rate / math.fsum(periods)  # the blocks' harmonic mean is not ``rate``: rescaled to it
+    return WindowSnapshot(
+        wait_s=tuple(max(0.0, p * scale - step_s) for p in periods),
+        step_s=(step_s,) * steps,
+        production_s=(production_s,) * 8,
+        batches_made=steps,
+    )
+
+
+NOISY = TuneOptions(warmup_steps=4, window_steps=24)
+
+
+def _noisy_search(planner: Planner, windows: dict[int, list[WindowSnapshot]]) -> list[int]:
+    """Drive the planner with each worker count's windows in turn (the last one again once they run out)."""
+
+    def next_window(workers: int) -> WindowSnapshot:
+        queue = windows[workers]
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    probed = [planner.original.num_workers]
+    proposal = planner.record(next_window(planner.original.num_workers))
+    while proposal is not None:
+        probed.append(proposal.num_workers)
+        proposal = planner.record(next_window(proposal.num_workers))
+    return probed
+
+
+def test_a_jump_read_low_within_its_windows_noise_is_measured_again_at_once() -> None:
+    # The cpu_transforms_torch_step case: 4 workers beside the step's torch threads read 50 steps/s in one
+    # window whose 4-step blocks swing by 20 %, against 55 for loading in-process; measured again, 70.
+    steady = 0.0166
+    windows = {
+        0: [_blocky(55.0, 0.02, 0.0024, steady)],
+        1: [_blocky(41.0, 0.02, 0.0024, steady)],
+        4: [_blocky(50.0, 0.2, 0.0024, steady), _blocky(70.0, 0.2, 0.0024, steady)],
+        5: [_blocky(60.0, 0.2, 0.0030, steady)],
+        2: [_blocky(45.0, 0.02, 0.0024, steady)],
+    }
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
+    probed = _noisy_search(planner, windows)
+    assert probed[:4] == [0, 1, 4, 4]
+    assert "below the best, within the windows' noise" in planner.results[3].note
+    decision = planner.decide()
+    assert decision.num_workers == 4, decision.table()
+    assert decision.throughput_after == pytest.approx(48 / (24 / 50 + 24 / 70), rel=1e-6)
+
+
+def test_a_window_slower_by_more_than_its_noise_is_not_measured_again() -> None:
+    steady = 0.0166
+    windows = {
+        0: [_blocky(55.0, 0.02, 0.0024, steady)],
+        1: [_blocky(41.0, 0.02, 0.0024, steady)],
+        4: [_blocky(40.0, 0.02, 0.0024, steady)],
+        2: [_blocky(45.0, 0.02, 0.0024, steady)],
+    }
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
+    probed = _noisy_search(planner, windows)
+    assert probed[:3] == [0, 1, 4] and probed.count(4) == 1
+    assert planner.decide().num_workers == 0
+
+
 def test_no_worker_past_the_limit_when_the_last_one_did_not_pay() -> None:
     measure = {1: (60.0, 0.010), 2: (61.0, 0.010)}
     planner = Planner(LoaderSettings(1, 2), HostBudget(2, "cores"), FAST, epoch_steps=600)

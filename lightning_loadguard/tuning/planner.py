@@ -9,7 +9,9 @@ faster by at least ``TuneOptions.min_gain``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, replace
+from statistics import fmean, stdev
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
@@ -34,6 +36,12 @@ STEP_SLOWDOWN = 0.1
 """Past the predicted core limit, a setting whose step's own time grew by more than 10 % over the fastest
 measured step must measure twice ``min_gain`` faster to count: it took CPU from the training step, and only
 a clear gain in steps/s (what the run gets) outweighs that."""
+
+NOISE_BLOCK_STEPS = 4
+"""A window's noise is read from the rates of its consecutive blocks of this many steps."""
+
+NOISE_SIGMAS = 2.0
+"""Two rates closer than this many standard errors (of the two windows together) are not told apart."""
 
 JUMP_CORES = 2
 """Where one more worker measured slower (the loop's threads won the cores) while the loader still lacks
@@ -108,6 +116,7 @@ class Planner:
         self._ran_out = False
         self._jumped = False
         self._confirmed = False
+        self._again: set[LoaderSettings] = set()
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
 
@@ -293,7 +302,41 @@ class Planner:
         best_setting, best_m = best
         if _winnable(best_setting, best_m) < WAIT_OK:
             return self._pinning(best_setting)
-        return self._search(best_setting, best_m) or self._confirm(best_setting, best_m, base)
+        return (
+            self._measure_again(best_setting, best_m)
+            or self._search(best_setting, best_m)
+            or self._confirm(best_setting, best_m, base)
+        )
+
+    def _measure_again(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
+        """The setting just measured, once more while it still runs, where its window could not tell it from
+        the best: it measured faster but did not pay past the predicted core limit, or slower by less than
+        the two windows' noise.
+
+        Each window's noise is read from itself (the spread of its blocks' rates). On a host whose cores are
+        shared by the step's threads and the workers, one window of a few dozen steps can read a good setting
+        10 % low; measured again without a restart (its workers started, its buffer full) it costs
+        ``warmup_steps`` and a window, and it is judged on both windows.
+        """
+        last = self.results[-1]
+        setting = last.setting
+        m = self.measurements.get(setting)
+        if last.failed or m is None or setting in (best, self.original) or setting in self._again:
+            return None
+        if m.sustained_rate > best_m.sustained_rate:
+            if self._paid(setting, m):
+                return None
+            note = f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
+        else:
+            noise = NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(best_m))
+            if m.sustained_rate < best_m.sustained_rate * (1 - noise):
+                return None
+            note = (
+                f"measured again: {1 - m.sustained_rate / best_m.sustained_rate:.0%} below the best, "
+                f"within the windows' noise ({noise:.0%})"
+            )
+        self._again.add(setting)
+        return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
     def _confirm(self, best: LoaderSettings, best_m: WindowSnapshot, base: WindowSnapshot) -> _Proposal | None:
         """Once per search, where the search is over: one setting its window could not tell from the best,
@@ -310,17 +353,22 @@ class Planner:
         unpaid = [
             (s, m)
             for s, m in self.measurements.items()
-            if m.sustained_rate > best_m.sustained_rate and not self._paid(s, m)
+            if m.sustained_rate > best_m.sustained_rate and not self._paid(s, m) and s not in self._again
         ]
         if unpaid:
             setting, m = max(unpaid, key=lambda item: item[1].sustained_rate)
             note = f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
-        elif best != self.original and best_m.sustained_rate < base.sustained_rate * (1 + self.options.min_gain):
+        elif (
+            best != self.original
+            and best not in self._again
+            and best_m.sustained_rate < base.sustained_rate * (1 + self.options.min_gain)
+        ):
             setting, m = best, best_m
             note = f"measured again: {m.sustained_rate / base.sustained_rate - 1:.0%} above your settings"
         else:
             return None
         self._confirmed = True
+        self._again.add(setting)
         return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
     def _search(self, best_setting: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
@@ -596,6 +644,23 @@ class Planner:
 
 def _workers(count: int) -> str:
     return f"{count} worker" + ("" if count == 1 else "s")
+
+
+def _rate_error(m: WindowSnapshot) -> float:
+    """Relative standard error of a window's rate, from the rates of its blocks of ``NOISE_BLOCK_STEPS`` steps
+    (0 where the window holds fewer than two blocks)."""
+    blocks = m.steps // NOISE_BLOCK_STEPS
+    if blocks < 2:
+        return 0.0
+    loop = list(map(operator.add, m.wait_s, m.step_s))
+    rates = [
+        NOISE_BLOCK_STEPS / t
+        for b in range(blocks)
+        if (t := math.fsum(loop[b * NOISE_BLOCK_STEPS : (b + 1) * NOISE_BLOCK_STEPS])) > 0
+    ]
+    if len(rates) < 2:
+        return 0.0
+    return stdev(rates) / math.sqrt(len(rates)) / fmean(rates)
 
 
 def _winnable(setting: LoaderSettings, m: WindowSnapshot) -> float:
