@@ -12,9 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from lightning_loadguard._moved import moved_names
+from lightning_loadguard._warnings import LoadGuardWarning
 from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
 from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Finding
 from lightning_loadguard.position import LoaderPosition, PositionMismatchError
+from lightning_loadguard.position.plan import NonReproducibleOrderError
 from lightning_loadguard.tuning import TuneDecision, TuneOptions
 
 __all__ = [
@@ -23,7 +25,9 @@ __all__ = [
     "Diagnosis",
     "Finding",
     "LoadGuard",
+    "LoadGuardWarning",
     "LoaderPosition",
+    "NonReproducibleOrderError",
     "PositionMismatchError",
     "ResumableLoaderMixin",
     "TuneDecision",

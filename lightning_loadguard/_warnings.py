@@ -13,7 +13,15 @@ from typing import Any
 
 
 class LoadGuardWarning(UserWarning):
-    """A measurement LoadGuard cannot make, a setting it cannot tune, or advice worth a warning."""
+    """A measurement LoadGuard cannot make, a setting it cannot tune, or advice worth a warning.
+
+    Each is said once per run, as a sentence; training goes on.
+
+    Example:
+        >>> import warnings
+        >>> from lightning_loadguard import LoadGuardWarning
+        >>> warnings.filterwarnings("ignore", category=LoadGuardWarning)  # silence LoadGuard's warnings only
+    """
 
 
 _previous = warnings.formatwarning

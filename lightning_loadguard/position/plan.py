@@ -130,7 +130,22 @@ def seeded_iteration(source: Iterable[T], seed: int, epoch: int) -> list[T]:
 
 
 class NonReproducibleOrderError(ValueError):
-    """A sampler's order for one ``(seed, epoch)`` changes from one iteration to the next."""
+    """A sampler's order for one ``(seed, epoch)`` changes from one iteration to the next.
+
+    A ``ValueError``, raised before the first step by :class:`~lightning_loadguard.ResumableLoaderMixin`: a
+    resumed epoch could not continue such an order, so the run is refused rather than resumed onto other
+    samples. The message names the sampler and the fix.
+
+    Example:
+        >>> import random
+        >>> class Shuffled:
+        ...     def __iter__(self): return iter(random.Random().sample(range(100), 100))
+        >>> try:
+        ...     reproducible_iteration(Shuffled(), seed=0, epoch=0)
+        ... except NonReproducibleOrderError as err:
+        ...     print(err)  # doctest: +ELLIPSIS
+        Shuffled gave two different orders for the same seed and epoch (...
+    """
 
 
 def reproducible_iteration(source: Iterable[T], seed: int, epoch: int) -> list[T]:
