@@ -4,8 +4,9 @@ For each pipeline this script
 
 1. trains epoch 0 with ``LoadGuard(auto_tune=True)`` starting from ``num_workers=0`` and reads the decision
    and the probe cost;
-2. measures the steady-state throughput (steps/s after a warm-up, over a fixed number of steps, in a plain
-   loop doing the same step as the module) of: the tuned setting, ``num_workers=0``, Lightning's suggestion
+2. measures the steady-state throughput (steps/s after a warm-up, over a fixed number of steps, in a
+   Lightning fit of the same module and loader without LoadGuard: the run the tuner tunes, whose loop uses
+   CPU beside the workers) of: the tuned setting, ``num_workers=0``, Lightning's suggestion
    ``cpu_count // processes_per_host - 1`` with the default prefetch, and every point of a grid over
    ``num_workers`` and ``prefetch_factor``; in alternating rounds (every setting once per round, the order
    rotated), each setting's figure being its median over the rounds;
@@ -40,18 +41,19 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import Callback
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CpuModule, CpuStep, JpegDataset, make_jpegs
+from workloads import CpuModule, JpegDataset, make_jpegs
 
 Key = tuple[int, int | None]
 
@@ -70,11 +72,6 @@ class Pipeline:
         if self.cpu_step is not None:
             return CpuModule(**self.cpu_step)
         return TimedModule(step_s=self.step_s, record=False)
-
-    def consumer(self) -> Callable[[Any], None]:
-        if self.cpu_step is not None:
-            return CpuStep(**self.cpu_step)
-        return lambda batch: _busy(self.step_s, spin=False)
 
 
 def _timed(sample_s: float, spin: bool = False, burst_every: int = 0, burst_s: float = 0.0, features: int = 16):
@@ -121,18 +118,29 @@ def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) 
     )
 
 
+class _Stopwatch(Callback):
+    """Steps per second from the start of step ``warmup`` to the end of training."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.started = 0.0
+        self.rate = 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.warmup:
+            self.started = time.perf_counter()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.rate = (trainer.global_step - self.warmup) / (time.perf_counter() - self.started)
+
+
 def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
-    """Steps/s of a plain loop doing the pipeline's step, after ``warmup`` steps (workers started, buffer settled)."""
-    step = pipeline.consumer()
-    iterator = iter(loader(pipeline, steps + warmup, *key))
-    for _ in range(warmup):
-        step(next(iterator))
-    start = time.perf_counter()
-    for _ in range(steps):
-        step(next(iterator))
-    rate = steps / (time.perf_counter() - start)
-    del iterator
-    return rate
+    """Steps/s of the pipeline's Lightning fit without LoadGuard, after ``warmup`` steps (workers started,
+    buffer settled): the run the tuner tunes, with its loop's own CPU use beside the workers."""
+    watch = _Stopwatch(warmup)
+    trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
+    trainer.fit(pipeline.module(), loader(pipeline, steps + warmup, *key))
+    return watch.rate
 
 
 def tune(pipeline: Pipeline, epoch_steps: int) -> TuneDecision | None:
