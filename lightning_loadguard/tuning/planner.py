@@ -326,7 +326,7 @@ class Planner:
         if m.sustained_rate > best_m.sustained_rate:
             if self._paid(setting, m):
                 return None
-            note = f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
+            note = _unpaid_note(m, best_m)
         else:
             noise = NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(best_m))
             if m.sustained_rate < best_m.sustained_rate * (1 - noise):
@@ -335,6 +335,10 @@ class Planner:
                 f"measured again: {1 - m.sustained_rate / best_m.sustained_rate:.0%} below the best, "
                 f"within the windows' noise ({noise:.0%})"
             )
+        return self._second_window(setting, note)
+
+    def _second_window(self, setting: LoaderSettings, note: str) -> _Proposal:
+        """``setting`` measured once more (never a third time); past the predicted core limit, as verified."""
         self._again.add(setting)
         return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
@@ -357,7 +361,7 @@ class Planner:
         ]
         if unpaid:
             setting, m = max(unpaid, key=lambda item: item[1].sustained_rate)
-            note = f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
+            note = _unpaid_note(m, best_m)
         elif (
             best != self.original
             and best not in self._again
@@ -368,8 +372,7 @@ class Planner:
         else:
             return None
         self._confirmed = True
-        self._again.add(setting)
-        return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
+        return self._second_window(setting, note)
 
     def _search(self, best_setting: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         consumer = self._consumer_rate()
@@ -437,17 +440,8 @@ class Planner:
         if not _profile(m.production_s) or not _profile(m.step_s):
             return start
         # Per-worker times: without workers the in-process fetch times are what one worker would take.
-        prefetch = setting.prefetch
         for workers in range(max(1, start), max(1, self.budget.max_workers) + 1):
-            run = simulate_buffer(
-                _profile(m.production_s),
-                _profile(m.step_s),
-                num_workers=workers,
-                prefetch_factor=prefetch,
-                steps=REPLAY_MIN_STEPS,
-                record_levels=False,
-            )
-            if run.wait_fraction < WAIT_OK:
+            if _replayed_wait(m, workers, setting.prefetch) < WAIT_OK:
                 return workers
         return max(1, start)
 
@@ -512,15 +506,7 @@ class Planner:
         on a busy host, the hand-over): no depth removes it, and probing depths would only spend the budget
         that more workers need.
         """
-        replayed = simulate_buffer(
-            _profile(m.production_s),
-            _profile(m.step_s),
-            num_workers=setting.num_workers,
-            prefetch_factor=setting.prefetch,
-            steps=REPLAY_MIN_STEPS,
-            record_levels=False,
-        )
-        return _winnable(setting, m) - replayed.wait_fraction <= WAIT_OK
+        return _winnable(setting, m) - _replayed_wait(m, setting.num_workers, setting.prefetch) <= WAIT_OK
 
     def _pinning(self, setting: LoaderSettings) -> _Proposal | None:
         if not self.pinning_helps or setting.pin_memory or setting.num_workers < 1:
@@ -644,6 +630,22 @@ class Planner:
 
 def _workers(count: int) -> str:
     return f"{count} worker" + ("" if count == 1 else "s")
+
+
+def _unpaid_note(m: WindowSnapshot, best_m: WindowSnapshot) -> str:
+    return f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
+
+
+def _replayed_wait(m: WindowSnapshot, workers: int, prefetch: int) -> float:
+    """The wait fraction the buffer model gives the window's latest production and step times at a setting."""
+    return simulate_buffer(
+        _profile(m.production_s),
+        _profile(m.step_s),
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        steps=REPLAY_MIN_STEPS,
+        record_levels=False,
+    ).wait_fraction
 
 
 def _rate_error(m: WindowSnapshot) -> float:
