@@ -25,7 +25,6 @@ included, so the figures err high.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -46,6 +45,9 @@ from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, time
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import Stopwatch
+
 STEP_S = 0.002
 _MAX_WORKERS = 16
 _WORKER_RING = 4096
@@ -62,34 +64,9 @@ class _FixedStep(TimedModule):
         pass
 
 
-class _Stopwatch(Callback):
-    """Steps per second after a warm-up (worker start-up and first-batch effects left out), two ways.
-
-    ``rate``: steps over the wall time. ``clipped_rate``: each step's period (batch start to batch start)
-    capped at twice the median period first. A step during which another process held the core, or the VM
-    paused, lasts several periods; LoadGuard's own slowest steps (a logging step: about a millisecond) stay
-    under the cap, so the capped rate still counts them.
-    """
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if batch_idx >= self.warmup:
-            self.starts.append(time.perf_counter())
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        end = time.perf_counter()
-        self.rate = (trainer.global_step - self.warmup) / (end - self.starts[0])
-        periods = [b - a for a, b in zip(self.starts, [*self.starts[1:], end], strict=True)]
-        cap = 2 * statistics.median(periods)
-        self.clipped_rate = len(periods) / math.fsum(min(p, cap) for p in periods)
-
-
 def _fit(with_guard: bool, steps: int, workers: int, callbacks: list[Callback] | None = None) -> tuple[float, float]:
-    """Steps per second, over the wall time and with clipped periods (see ``_Stopwatch``)."""
-    watch = _Stopwatch(warmup=min(50, steps // 4))
+    """Steps per second, over the wall time and with clipped periods (see ``workloads.Stopwatch``)."""
+    watch = Stopwatch(warmup=min(50, steps // 4))
     extra: list[Callback] = [LoadGuard(print_summary=False)] if with_guard else []
     trainer = quiet_trainer(max_steps=steps, callbacks=[watch, *extra, *(callbacks or [])])
     loader = timed_loader(

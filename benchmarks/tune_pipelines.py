@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +40,6 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
@@ -53,7 +51,7 @@ from lightning_loadguard.tuning.options import TuneOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CpuModule, JpegDataset, make_jpegs
+from workloads import CpuModule, JpegDataset, Stopwatch, make_jpegs
 
 Key = tuple[int, int | None]
 
@@ -118,26 +116,10 @@ def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) 
     )
 
 
-class _Stopwatch(Callback):
-    """Steps per second from the start of step ``warmup`` to the end of training."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.started = 0.0
-        self.rate = 0.0
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if batch_idx == self.warmup:
-            self.started = time.perf_counter()
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.rate = (trainer.global_step - self.warmup) / (time.perf_counter() - self.started)
-
-
 def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     """Steps/s of the pipeline's Lightning fit without LoadGuard, after ``warmup`` steps (workers started,
     buffer settled): the run the tuner tunes, with its loop's own CPU use beside the workers."""
-    watch = _Stopwatch(warmup)
+    watch = Stopwatch(warmup)
     trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
     trainer.fit(pipeline.module(), loader(pipeline, steps + warmup, *key))
     return watch.rate

@@ -6,11 +6,14 @@
 - :class:`CpuStep` is a training step that computes on the CPU with torch's intra-op threads (a small CNN
   for images, an MLP for feature vectors); :class:`CpuModule` runs the same step inside Lightning, so a
   plain loop and a ``Trainer`` do the same work per batch.
+- :class:`Stopwatch` times a fit's steps per second after a warm-up.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -145,3 +148,28 @@ def time_step(step: CpuStep, batch: Any, repeats: int = 5) -> float:
         step(batch)
         times.append(time.process_time() - start)
     return sorted(times)[len(times) // 2]
+
+
+class Stopwatch(pl.Callback):
+    """Steps per second after a warm-up (worker start-up and first-batch effects left out), two ways.
+
+    ``rate``: steps over the wall time. ``clipped_rate``: each step's period (batch start to batch start)
+    capped at twice the median period first. A step during which another process held the core, or the VM
+    paused, lasts several periods; LoadGuard's own slowest steps (a logging step: about a millisecond) stay
+    under the cap, so the capped rate still counts them.
+    """
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx >= self.warmup:
+            self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        end = time.perf_counter()
+        self.rate = (trainer.global_step - self.warmup) / (end - self.starts[0])
+        periods = [b - a for a, b in zip(self.starts, [*self.starts[1:], end], strict=True)]
+        cap = 2 * statistics.median(periods)
+        self.clipped_rate = len(periods) / math.fsum(min(p, cap) for p in periods)
