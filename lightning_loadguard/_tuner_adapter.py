@@ -109,6 +109,11 @@ class TunerAdapter:
     def on_loaders_ready(self, trainer: pl.Trainer, loaders: list[Any]) -> None:
         self.session.on_loaders_ready(_LightningPort(trainer), loaders)
 
+    @property
+    def every_step(self) -> bool:
+        """Whether the tuner needs :meth:`on_train_batch_end` on every step (while it probes)."""
+        return self.session.probing
+
     def on_train_batch_end(self, trainer: pl.Trainer) -> None:
         self.session.on_train_batch_end(_LightningPort(trainer))
 

@@ -53,6 +53,16 @@ def adaptive_window(steps_per_epoch: float) -> int:
     if not math.isfinite(steps_per_epoch) or steps_per_epoch <= 0:
         return DEFAULT_WINDOW
     return max(MIN_WINDOW, min(DEFAULT_WINDOW, int(steps_per_epoch) // 2))
+
+
+HOOKED_EVERY = 4
+"""LoadGuard's per-step hooks run on every this many steps (and on every logging step); the steps between
+skip them. Lightning's dispatch of a hook (a profiler context) and the hook's own reads of the trainer cost
+more, on short steps, than the fetch timing that measures the data wait; the copy to the device they time is
+read on this sample of steps. With an accelerator's timeline, or while the tuner probes, they run on every
+step; where batches accumulate, more often near a logging step (see ``LoadGuard._rest_hooks``)."""
+
+_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 _FETCH_TIMING = "timing the training loop's fetch"
 _STEP_TIMING = "timing the training step"
 
@@ -153,6 +163,8 @@ class LoadGuard(_pl.Callback):
         self._measure_batch = True
         self._log_due = False
         self._every = 0  # steps between logging steps, known from on_train_start
+        self._quiet_fetches = 0  # fetches until the per-step hooks run again (0: they run)
+        self._logged_step: int | None = None
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
         self._said: set[str] = set()
@@ -275,13 +287,42 @@ class LoadGuard(_pl.Callback):
         self._monitor.resize(window)
 
     def _fetch_timing_profiler(self, inner: Any) -> _pl.FetchTimingProfiler:
-        # The monitor's own methods, called with the clock's reading: the proxy guards them.
+        # Called with the clock's reading: the proxy guards them.
         return _pl.FetchTimingProfiler(
-            inner,
-            self._monitor.fetch_started,
-            self._monitor.fetch_finished,
-            self._fetch_timing_failed,
+            inner, self._fetch_started, self._monitor.fetch_finished, self._fetch_timing_failed
         )
+
+    def _fetch_started(self, now: float) -> None:
+        self._monitor.fetch_started(now)
+        if self._quiet_fetches:
+            self._quiet_fetches -= 1
+            if not self._quiet_fetches:
+                self._hooks_on()
+
+    def _hooks_on(self) -> None:
+        for hook in _HOOKS:
+            self.__dict__.pop(hook, None)
+
+    def _rest_hooks(self, trainer: Any) -> None:
+        """Leave the per-step hooks off until the next step that needs them (``HOOKED_EVERY``).
+
+        Lightning calls a callback's hook only where it is callable, and reads it afresh on every step; the
+        fetch timing, which runs on every step, counts the fetches and puts them back. Counted in fetches,
+        the next logging step is never passed: the logging step counter moves at most once per fetch (once
+        per optimizer step where batches accumulate, so there the hooks come back early).
+        """
+        if self._monitor.on_device_timeline or (self._tuner is not None and self._tuner.every_step):
+            return
+        step = _pl.log_step(trainer) + 1
+        fetches = HOOKED_EVERY
+        if self.window > step:
+            fetches = min(fetches, self.window - step)
+        if self._every:
+            fetches = min(fetches, self._every - step % self._every)
+        if fetches > 1:
+            self._quiet_fetches = fetches
+            for hook in _HOOKS:
+                setattr(self, hook, None)
 
     def _fetch_timing_failed(self, err: Exception) -> None:
         self._switch_off(_FETCH_TIMING, err)
@@ -344,6 +385,7 @@ class LoadGuard(_pl.Callback):
             self._publish(trainer)
         if self._tuner is not None:
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
+        self._guarded("resting the per-step hooks", self._rest_hooks, trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -365,8 +407,11 @@ class LoadGuard(_pl.Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The closing figures, on every rank (the ranks' figures are combined collectively).
-        self._publish(trainer, log=False)
+        # The closing figures, on every rank (the ranks' figures are combined collectively). A step on which
+        # training was told to stop is logged, as Lightning logs it; it may have run without the hooks.
+        stopped_at = _pl.log_step(trainer) - 1
+        log = self._stopping(trainer) and self._logged_step != stopped_at
+        self._publish(trainer, log=log, closing=True, step=stopped_at)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -401,6 +446,8 @@ class LoadGuard(_pl.Callback):
 
     def _undo_patches(self) -> None:
         self._trainer = None
+        self._quiet_fetches = 0
+        self._hooks_on()
         for what, err in self._patches.undo_all():
             self._switch_off(f"restoring {what}", err)
 
@@ -440,7 +487,11 @@ class LoadGuard(_pl.Callback):
         gpu = self._gpu.read() if self._gpu is not None else None
         return rank_figures(snapshot, self._host_key, gpu)
 
-    def _publish(self, trainer: Any, log: bool = True) -> None:
+    def _publish(self, trainer: Any, log: bool = True, closing: bool | None = None, step: int | None = None) -> None:
+        """The window's figures, diagnosis and (where ``log``) logs at ``step`` (default: the trainer's).
+
+        ``closing`` (default: where not logged): the run's last figures, spoken whatever the hysteresis holds.
+        """
         snapshot = self._guarded("building the measurement window", self._monitor.snapshot)
         figures = self._guarded("summarising the window", self._local_figures, snapshot) if snapshot else None
         figures = figures or {"host_key": self._host_key}
@@ -470,7 +521,7 @@ class LoadGuard(_pl.Callback):
                 inflight_host_bytes=int(inflight) if inflight is not None else None,
             )
         if self.snapshot is not None and self.snapshot.steps:
-            self._guarded("diagnosing", self._diagnose, trainer, not log)
+            self._guarded("diagnosing", self._diagnose, trainer, not log if closing is None else closing)
         if not log:
             return
         metrics = {k: v for k, v in combined.metrics.items() if not math.isnan(v)}
@@ -478,7 +529,8 @@ class LoadGuard(_pl.Callback):
         settings = self._monitor.settings
         metrics["loadguard/num_workers"] = float(settings.num_workers)
         metrics["loadguard/prefetch_factor"] = float(settings.prefetch_factor or 0)
-        step = _pl.log_step(trainer)
+        step = _pl.log_step(trainer) if step is None else step
+        self._logged_step = step
         for logger in trainer.loggers:
             # The logger's own call: its failure reaches the user exactly as a Lightning-logged metric's would.
             logger.log_metrics(metrics, step)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import math
+import statistics
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
 
 
 def _trainer(guard: LoadGuard | None, **kwargs: Any) -> Trainer:
@@ -234,3 +237,94 @@ def test_warnings_read_as_sentences_without_internal_file_paths(monkeypatch: pyt
         assert ".py" not in shown and "lightning_loadguard" not in shown, shown
         assert shown.startswith("LoadGuardWarning: LoadGuard: ")
     assert "in broken" in str(ours[0].message)
+
+
+def _hooked_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch indices on which LoadGuard's ``on_train_batch_start`` runs, from now on."""
+    hooked: list[int] = []
+    original = LoadGuard.on_train_batch_start
+
+    def counted(self: LoadGuard, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        hooked.append(batch_idx)
+        original(self, trainer, pl_module, batch, batch_idx)
+
+    monkeypatch.setattr(LoadGuard, "on_train_batch_start", counted)
+    return hooked
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_step_hooks_run_on_a_sample_of_steps_and_on_every_logging_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accumulate: int
+) -> None:
+    from lightning_loadguard.callback import HOOKED_EVERY
+
+    hooked = _hooked_batches(monkeypatch)
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(
+        guard, logger=CSVLogger(tmp_path), log_every_n_steps=7, max_epochs=1, accumulate_grad_batches=accumulate
+    )
+    trainer.fit(_LoggingModule(step_s=0.0005), timed_loader(TimedDataset(360), batch_size=4, num_workers=1))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    # Every one of Lightning's logging steps (counted in optimizer steps where batches accumulate) is LoadGuard's.
+    logged = _steps_with(rows, "train_loss")
+    assert len(logged) >= 90 // accumulate // 7 - 1
+    assert _steps_with(rows, "loadguard/wait_fraction") >= logged
+    # The hooks ran on about one step in HOOKED_EVERY and on the logging steps, not on all 90. Where batches
+    # accumulate, the countdown in fetches runs ahead of the counter (it moves once per optimizer step): more
+    # often near a logging step, never past one.
+    bound = 90 / HOOKED_EVERY + len(logged) + 2 if accumulate == 1 else 90 / 2
+    assert len(hooked) <= bound, hooked
+    assert len(set(hooked)) == len(hooked)
+
+
+def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class StopsAt(_LoggingModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 5:
+                self.trainer.should_stop = True
+            return super().training_step(batch, batch_idx)
+
+    hooked = _hooked_batches(monkeypatch)
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(guard, logger=CSVLogger(tmp_path), log_every_n_steps=50)
+    trainer.fit(StopsAt(step_s=0.0005), timed_loader(TimedDataset(80), batch_size=4))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert 5 not in hooked  # the step that stopped training ran without LoadGuard's hooks
+    assert _steps_with(rows, "train_loss") == {5}  # Lightning logs the step training was told to stop on
+    assert _steps_with(rows, "loadguard/wait_fraction") == {5}
+
+
+class _TimedCopy(TimedModule):
+    """The host-side copy to the device takes ``copy_s``, timed by the module's own clock per step."""
+
+    def __init__(self, copy_s: float) -> None:
+        super().__init__(step_s=0.001, record=False)
+        self.copy_s = copy_s
+        self.copies: list[float] = []
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        start = time.perf_counter()
+        _busy(self.copy_s, spin=False)
+        moved = super().transfer_batch_to_device(batch, device, dataloader_idx)
+        self.copies.append(time.perf_counter() - start)
+        return moved
+
+
+def test_the_copy_to_the_device_is_timed_on_a_sample_of_steps() -> None:
+    module = _TimedCopy(copy_s=0.003)
+    guard = LoadGuard(window=40, print_summary=False)
+    _trainer(guard).fit(module, timed_loader(TimedDataset(4 * 60), batch_size=4, num_workers=1))
+    assert guard.snapshot is not None
+    measured = guard.snapshot.transfer_s
+    copies = module.copies[-len(measured) :]
+    timed = [(t, c) for t, c in zip(measured, copies, strict=True) if not math.isnan(t)]
+    assert 40 // 4 - 1 <= len(timed) <= 40 // 2, measured
+    # Each timed transfer holds the module's own copy, and little else (the median: a busy host may preempt
+    # the loop in between on some step).
+    assert all(t >= c for t, c in timed)
+    assert statistics.median(t - c for t, c in timed) < 0.001
+    assert guard.metrics["loadguard/transfer_ms"] >= 1e3 * statistics.median(c for _, c in timed) * 0.9

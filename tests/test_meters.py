@@ -308,3 +308,19 @@ def _spin_on(cpu: int) -> None:
     os.sched_setaffinity(0, {cpu})
     while True:
         pass
+
+
+def test_a_step_whose_copy_was_not_timed_reads_nan_and_the_mean_leaves_it_out() -> None:
+    meter = ConsumerMeter(window=10)
+    meter.fetch_started(0.000)
+    meter.fetch_finished(0.010)
+    meter.step_started(0.012)  # this step's copy to the device: 2 ms
+    meter.fetch_started(0.030)
+    meter.fetch_finished(0.031)  # no step_started: the copy was not timed
+    meter.close_step(0.050)
+    columns = meter.columns()
+    assert columns.transfer_s[0] == pytest.approx(0.002)
+    assert math.isnan(columns.transfer_s[1])
+    snapshot = WindowSnapshot(wait_s=columns.wait_s, step_s=columns.step_s, transfer_s=columns.transfer_s)
+    assert snapshot.mean_transfer_s == pytest.approx(0.002)
+    assert WindowSnapshot(wait_s=(0.01,), step_s=(0.02,), transfer_s=(math.nan,)).mean_transfer_s == 0.0

@@ -20,7 +20,7 @@ class StepRecord(NamedTuple):
 
     wait_s: float
     step_s: float
-    transfer_s: float = 0.0
+    transfer_s: float = float("nan")  # NaN: not timed on this step
     ready: bool | None = None
     buffer_level: int | None = None
     queued_s: float = float("nan")  # of the wait, time the loop's thread waited for a core (NaN: not sampled)
@@ -52,7 +52,7 @@ class ConsumerMeter:
         self._fetch_end: float | None = None
         self._wait: float | None = None
         self._excluded = 0.0
-        self._transfer = 0.0
+        self._transfer = _NAN
         self._ready: bool | None = None
         self._level: int | None = None
         self._startup = 0.0
@@ -80,8 +80,8 @@ class ConsumerMeter:
             self._ready, self._level = False, 0
         else:
             self._ready = self._level = None
-        self._excluded = self._transfer = self._startup = 0.0
-        self._queued = _NAN
+        self._excluded = self._startup = 0.0
+        self._transfer = self._queued = _NAN
         if self.core_wait_every:
             self._fetches += 1
             if self._fetches % self.core_wait_every == 0:
@@ -110,7 +110,10 @@ class ConsumerMeter:
         self._startup = startup_s
 
     def step_started(self, now: float) -> None:
-        """The step begins: the time since the batch arrived went to handing it to the step (transfer)."""
+        """The step begins: the time since the batch arrived went to handing it to the step (transfer).
+
+        Optional: a step it is not called on keeps its transfer unmeasured (NaN), not zero.
+        """
         if self._fetch_end is not None:
             self._transfer = max(0.0, now - self._fetch_end)
 

@@ -147,6 +147,12 @@ class LoaderMonitor:
         self._device(DeviceTimeline.batch_on_device)
         self._consumer.step_started(now)
 
+    @property
+    def on_device_timeline(self) -> bool:
+        """Whether the accelerator's timeline is read: it needs :meth:`step_started` and :meth:`step_ended`
+        on every step."""
+        return self._timeline is not None
+
     def step_ended(self) -> None:
         """The step's work was launched (call first, before anything that may wait for the device)."""
         if self._timeline is not None:

@@ -95,7 +95,7 @@ def rank_figures(snapshot: WindowSnapshot, host_key: float, gpu_util: float | No
         "producer_rate": opt(snapshot.producer_rate),
         "ready_fraction": opt(snapshot.ready_fraction),
         "epoch_start_ms": opt(snapshot.epoch_start_s[-1] if snapshot.epoch_start_s else None, 1e3),
-        "transfer_ms": (sum(snapshot.transfer_s) / steps * 1e3) if steps else _NAN,
+        "transfer_ms": snapshot.mean_transfer_s * 1e3 if steps else _NAN,
         "device_idle_fraction": opt(snapshot.device_idle_fraction),
         "device_data_idle_fraction": device_share(snapshot.device_data_idle_s),
         "device_loop_idle_fraction": device_share(snapshot.device_loop_idle_s),

@@ -41,7 +41,8 @@ class WindowSnapshot:
     Attributes:
         wait_s: per step, the time the loop blocked fetching its batch.
         step_s: per step, the rest of the step (compute, transfer, callbacks; validation excluded).
-        transfer_s: per step, the time spent moving the batch to the device (part of ``step_s``).
+        transfer_s: per step, the time spent moving the batch to the device (part of ``step_s``); NaN on the
+            steps it was not timed on (the host's view times it on a sample of steps).
         wait_queued_s: per step, the part of ``wait_s`` the loop's thread spent waiting for a core (NaN where
             not sampled): on a busy host even taking a ready batch waits for a core.
         ready: per fetch, whether a batch was already waiting (``None`` where it cannot be known).
@@ -216,6 +217,12 @@ class WindowSnapshot:
     @property
     def mean_step_s(self) -> float:
         return fmean(self.step_s) if self.step_s else 0.0
+
+    @property
+    def mean_transfer_s(self) -> float:
+        """The mean of the steps' transfers that were timed (0 where none was)."""
+        timed = [t for t in self.transfer_s if t == t]
+        return fmean(timed) if timed else 0.0
 
     @property
     def throughput(self) -> float:

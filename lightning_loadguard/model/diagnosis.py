@@ -422,7 +422,7 @@ def _workers_for_bursts(facts: _Facts) -> tuple[int, cap.PrefetchAdvice] | None:
 
 def _transfer(facts: _Facts) -> Finding | None:
     snap = facts.snap
-    copy_share = math.fsum(snap.transfer_s) / snap.loop_s if snap.transfer_s and snap.loop_s > 0 else 0.0
+    copy_share = snap.mean_transfer_s * snap.steps / snap.loop_s if snap.loop_s > 0 else 0.0
     handover = facts.ready_wait_fraction >= WAIT_OK
     copy = copy_share >= TRANSFER_SHARE
     if not (handover or copy):

@@ -301,6 +301,11 @@ class TuningSession:
         spans = f", probing over the first {_epochs(span)} ({planner_steps} steps each)" if span > 1 else ""
         self._progress(f"measuring your settings ({original.label}){spans}")
 
+    @property
+    def probing(self) -> bool:
+        """Whether probing is under way (or its order tap still listens): every step counts."""
+        return self._active or self._tap is not None
+
     def on_train_batch_end(self, port: TrainerPort) -> None:
         """A training step ended."""
         self._port = port
