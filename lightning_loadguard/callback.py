@@ -56,11 +56,12 @@ def adaptive_window(steps_per_epoch: float) -> int:
 
 
 HOOKED_EVERY = 4
-"""LoadGuard's per-step hooks run on every this many steps (and on every logging step); the steps between
-skip them. Lightning's dispatch of a hook (a profiler context) and the hook's own reads of the trainer cost
-more, on short steps, than the fetch timing that measures the data wait; the copy to the device they time is
-read on this sample of steps. With an accelerator's timeline, or while the tuner probes, they run on every
-step; where batches accumulate, more often near a logging step (see ``LoadGuard._rest_hooks``)."""
+"""LoadGuard's ``on_train_batch_start`` runs on every this many steps and on every logging step, its
+``on_train_batch_end`` on logging steps only; the steps between skip them. Lightning's dispatch of a hook (a
+profiler context) and the hook's own reads of the trainer cost more, on short steps, than the fetch timing
+that measures the data wait; the copy to the device is timed on this sample of steps. With an accelerator's
+timeline, or while the tuner probes, both run on every step; where batches accumulate, the start hook runs
+more often near a logging step (see ``LoadGuard._rest_hooks``)."""
 
 _HOOKS = ("on_train_batch_start", "on_train_batch_end")
 _FETCH_TIMING = "timing the training loop's fetch"
@@ -369,6 +370,9 @@ class LoadGuard(_pl.Callback):
         if self._measure_batch or self._log_due:
             self._measure_batch = False
             self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
+        elif not self._stopping(trainer):
+            # Nothing for on_train_batch_end to do on this step: it rests from now on, unless the step needs it.
+            self._guarded("resting the per-step hooks", self._rest_hooks, trainer)
 
     @override
     def on_train_batch_end(
