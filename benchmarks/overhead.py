@@ -130,28 +130,50 @@ class _OwnTime:
             undo()
         self._undo.clear()
 
-    def time_calls(self, owner: Any, name: str, label: str, cpu: bool = False) -> None:
-        """Time every call of ``owner.name`` in the main process, the whole call."""
+    def time_calls(
+        self, owner: Any, name: str, label: str, cpu: bool = False, less: list[float] | None = None
+    ) -> None:
+        """Time every call of ``owner.name`` in the main process: the whole call, less the wall time ``less``
+        gained meanwhile (a region timed on its own, called from this one)."""
         original = getattr(owner, name)
         clock = time.thread_time if cpu else time.perf_counter
         add = self.add_cpu if cpu else self.add
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            before = less[0] if less is not None else 0.0
             start = clock()
             try:
                 return original(*args, **kwargs)
             finally:
-                add(label, clock() - start)
+                seconds = clock() - start
+                add(label, seconds - (less[0] - before) if less is not None else seconds)
 
         self.patch(owner, name, timed)
+
+    def wall_total(self, owner: Any, name: str) -> list[float]:
+        """The wall time of every call of ``owner.name`` so far, added up in the returned cell."""
+        original = getattr(owner, name)
+        total = [0.0]
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - start
+
+        self.patch(owner, name, counted)
+        return total
 
     def install(self) -> None:
         from lightning_loadguard import _lightning
         from lightning_loadguard.meters import loader_probe, producer
 
-        for name in ("on_train_batch_start", "on_train_batch_end"):
-            self.time_calls(LoadGuard, name, f"LoadGuard.{name}")
+        publishing = self.wall_total(LoadGuard, "_publish")
         self.time_calls(LoadGuard, "_publish", "logging steps: window, diagnosis, logs", cpu=True)
+        # The hooks less the logging step's work, which is its own row.
+        for name in ("on_train_batch_start", "on_train_batch_end"):
+            self.time_calls(LoadGuard, name, f"LoadGuard.{name}", less=publishing)
         # The whole start/stop: the wrapped profiler's own (PassThroughProfiler: nothing) is included.
         for name in ("start", "stop"):
             self.time_calls(_lightning.FetchTimingProfiler, name, f"profiler proxy {name}() around each fetch")
