@@ -314,6 +314,8 @@ class LoadGuard(_pl.Callback):
         """
         if self._monitor.on_device_timeline or (self._tuner is not None and self._tuner.every_step):
             return
+        if self._monitor.total_steps == 0 or _FETCH_TIMING in self._switched_off:
+            return  # no fetch is timed (yet, or any more): nothing would wake them
         step = _pl.log_step(trainer) + 1
         fetches = HOOKED_EVERY
         if self.window > step:
@@ -327,6 +329,8 @@ class LoadGuard(_pl.Callback):
 
     def _fetch_timing_failed(self, err: Exception) -> None:
         self._switch_off(_FETCH_TIMING, err)
+        self._quiet_fetches = 0
+        self._hooks_on()
 
     def _add_dashboard(self, trainer: Any) -> None:
         if trainer.global_rank != 0:

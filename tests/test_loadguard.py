@@ -328,3 +328,38 @@ def test_the_copy_to_the_device_is_timed_on_a_sample_of_steps() -> None:
     assert all(t >= c for t, c in timed)
     assert statistics.median(t - c for t, c in timed) < 0.001
     assert guard.metrics["loadguard/transfer_ms"] >= 1e3 * statistics.median(c for _, c in timed) * 0.9
+
+
+@pytest.mark.parametrize("how", ["renamed", "failing"])
+def test_where_no_fetch_is_timed_the_hooks_run_on_every_step_and_every_logging_step_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # The fetch timing wakes the resting hooks: a Lightning that names its fetch otherwise, or a fetch timing
+    # that failed, must not leave them asleep (and the logs silent) for the rest of the run.
+    from lightning_loadguard import _lightning
+    from lightning_loadguard.meters.consumer import ConsumerMeter
+
+    if how == "renamed":
+        monkeypatch.setattr(_lightning, "_FETCH_ACTION_SUFFIX", "].renamed_in_another_version")
+        monkeypatch.setattr(_lightning, "_fetch_actions", {})
+    else:
+        original = ConsumerMeter.fetch_started
+
+        def fails_at_step_9(meter: ConsumerMeter, now: float) -> None:
+            if meter.total_steps == 9:
+                raise RuntimeError("a meter that breaks mid-run")
+            original(meter, now)
+
+        monkeypatch.setattr(ConsumerMeter, "fetch_started", fails_at_step_9)
+    hooked = _hooked_batches(monkeypatch)
+    guard = LoadGuard(window=4, print_summary=False)
+    trainer = _trainer(guard, logger=CSVLogger(tmp_path), log_every_n_steps=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_LoggingModule(), timed_loader(TimedDataset(120), batch_size=4))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert _steps_with(rows, "train_loss") == {4, 9, 14, 19, 24, 29}
+    # ... and the first full window's (step 3)
+    assert _steps_with(rows, "loadguard/producer_rate") == {3, 4, 9, 14, 19, 24, 29}
+    assert set(range(10, 30)) <= set(hooked)
