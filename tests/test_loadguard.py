@@ -283,7 +283,7 @@ def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
 ) -> None:
     class StopsAt(_LoggingModule):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if batch_idx == 5:
+            if batch_idx == 7:
                 self.trainer.should_stop = True
             return super().training_step(batch, batch_idx)
 
@@ -293,9 +293,9 @@ def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
     trainer.fit(StopsAt(step_s=0.0005), timed_loader(TimedDataset(80), batch_size=4))
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert 5 not in hooked  # the step that stopped training ran without LoadGuard's hooks
-    assert _steps_with(rows, "train_loss") == {5}  # Lightning logs the step training was told to stop on
-    assert _steps_with(rows, "loadguard/wait_fraction") == {5}
+    assert 7 not in hooked  # the step that stopped training ran without LoadGuard's hooks
+    assert _steps_with(rows, "train_loss") == {7}  # Lightning logs the step training was told to stop on
+    assert _steps_with(rows, "loadguard/wait_fraction") == {7}
 
 
 class _TimedCopy(TimedModule):
