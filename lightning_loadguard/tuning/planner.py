@@ -117,6 +117,7 @@ class Planner:
         self._jumped = False
         self._confirmed = False
         self._again: set[LoaderSettings] = set()
+        self._thrice = False
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
 
@@ -224,13 +225,28 @@ class Planner:
     def _paid(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
         """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
         setting with fewer workers (twice that where the step's own time grew by more than ``STEP_SLOWDOWN``)."""
+        return self._gain_short(setting, m) is None
+
+    def _gain_short(self, setting: LoaderSettings, m: WindowSnapshot) -> float | None:
+        """How much faster than the best with fewer workers ``setting`` had to measure and did not (the
+        margin it was held to); ``None`` where it paid, or needed not."""
         if not self._past_limit(setting) or setting == self.original:
-            return True
+            return None
         fewer = [o.sustained_rate for s, o in self.measurements.items() if s.num_workers < setting.num_workers]
         steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
         step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
         gain = self.options.min_gain * (1 if step_kept else 2)
-        return not fewer or m.sustained_rate >= max(fewer) * (1 + gain)
+        return None if not fewer or m.sustained_rate >= max(fewer) * (1 + gain) else gain
+
+    def _gained(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, float]:
+        """How much faster than the best with fewer workers ``setting`` measured, and the noise of that
+        comparison (``NOISE_SIGMAS`` standard errors of the two); ``(0, 0)`` where none has fewer workers."""
+        fewer = [o for s, o in self.measurements.items() if s.num_workers < setting.num_workers]
+        if not fewer:
+            return 0.0, 0.0
+        rival = max(fewer, key=lambda o: o.sustained_rate)
+        noise = NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(rival))
+        return m.sustained_rate / rival.sustained_rate - 1, noise
 
     def _verify_more(self, best: LoaderSettings, best_m: WindowSnapshot, target: _Proposal | None) -> _Proposal | None:
         """One worker past the predicted core limit, where the model wants more and the last one paid.
@@ -321,8 +337,10 @@ class Planner:
         last = self.results[-1]
         setting = last.setting
         m = self.measurements.get(setting)
-        if last.failed or m is None or setting in (best, self.original) or setting in self._again:
+        if last.failed or m is None or setting in (best, self.original):
             return None
+        if setting in self._again:
+            return self._third_window(setting, m)
         if m.sustained_rate > best_m.sustained_rate:
             if self._paid(setting, m):
                 return None
@@ -336,6 +354,21 @@ class Planner:
                 f"within the windows' noise ({noise:.0%})"
             )
         return self._second_window(setting, note)
+
+    def _third_window(self, setting: LoaderSettings, m: WindowSnapshot) -> _Proposal | None:
+        """Once per search, a third window for a setting whose two paid ``min_gain`` over fewer workers but
+        not the doubled margin of a step that slowed (``STEP_SLOWDOWN``), by less than their noise: where the
+        step's threads and the workers share the cores, one window of the same workers may read 25 % below
+        the next, and the two together land between the margins. Three windows together decide; none of a
+        setting that gained less, or whose windows agree.
+        """
+        short = self._gain_short(setting, m)
+        gained, noise = self._gained(setting, m)
+        if self._thrice or short is None or gained < self.options.min_gain or short - gained >= noise:
+            return None
+        self._thrice = False
+        note = f"measured a third time: {gained:.0%} faster than fewer workers, short of the {short:.0%} margin"
+        return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
     def _second_window(self, setting: LoaderSettings, note: str) -> _Proposal:
         """``setting`` measured once more (never a third time); past the predicted core limit, as verified."""
