@@ -34,8 +34,9 @@ PROFILE_LENGTH = 32
 
 STEP_SLOWDOWN = 0.1
 """Past the predicted core limit, a setting whose step's own time grew by more than 10 % over the fastest
-measured step must measure twice ``min_gain`` faster to count: it took CPU from the training step, and only
-a clear gain in steps/s (what the run gets) outweighs that."""
+measured step must measure faster than fewer workers by more than the windows' noise, not only by
+``min_gain``: it took CPU from the training step, and only a gain the windows can tell from noise outweighs
+that."""
 
 NOISE_BLOCK_STEPS = 4
 """A window's noise is read from the rates of its consecutive blocks of this many steps."""
@@ -224,7 +225,8 @@ class Planner:
 
     def _paid(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
         """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
-        setting with fewer workers (twice that where the step's own time grew by more than ``STEP_SLOWDOWN``)."""
+        setting with fewer workers (and by more than the windows' noise where the step's own time grew by more
+        than ``STEP_SLOWDOWN``)."""
         return self._gain_short(setting, m) is None
 
     def _gain_short(self, setting: LoaderSettings, m: WindowSnapshot) -> float | None:
@@ -232,11 +234,13 @@ class Planner:
         margin it was held to); ``None`` where it paid, or needed not."""
         if not self._past_limit(setting) or setting == self.original:
             return None
-        fewer = [o.sustained_rate for s, o in self.measurements.items() if s.num_workers < setting.num_workers]
+        if not any(s.num_workers < setting.num_workers for s in self.measurements):
+            return None
+        gained, noise = self._gained(setting, m)
         steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
         step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
-        gain = self.options.min_gain * (1 if step_kept else 2)
-        return None if not fewer or m.sustained_rate >= max(fewer) * (1 + gain) else gain
+        margin = self.options.min_gain if step_kept else max(self.options.min_gain, noise)
+        return None if gained >= margin else margin
 
     def _gained(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, float]:
         """How much faster than the best with fewer workers ``setting`` measured, and the noise of that
@@ -356,18 +360,17 @@ class Planner:
         return self._second_window(setting, note)
 
     def _third_window(self, setting: LoaderSettings, m: WindowSnapshot) -> _Proposal | None:
-        """Once per search, a third window for a setting whose two paid ``min_gain`` over fewer workers but
-        not the doubled margin of a step that slowed (``STEP_SLOWDOWN``), by less than their noise: where the
-        step's threads and the workers share the cores, one window of the same workers may read 25 % below
-        the next, and the two together land between the margins. Three windows together decide; none of a
-        setting that gained less, or whose windows agree.
+        """Once per search, a third window for a setting whose two measured ``min_gain`` faster than fewer
+        workers but, with a step that slowed (``STEP_SLOWDOWN``), not by more than their noise: where the step's
+        threads and the workers share the cores, one window of the same workers may read 25 % below the
+        next. Three windows together decide (their noise is smaller); none of a setting that gained less.
         """
-        short = self._gain_short(setting, m)
-        gained, noise = self._gained(setting, m)
-        if self._thrice or short is None or gained < self.options.min_gain or short - gained >= noise:
+        margin = self._gain_short(setting, m)
+        gained, _ = self._gained(setting, m)
+        if self._thrice or margin is None or gained < self.options.min_gain:
             return None
-        self._thrice = False
-        note = f"measured a third time: {gained:.0%} faster than fewer workers, short of the {short:.0%} margin"
+        self._thrice = True
+        note = f"measured a third time: {gained:.0%} faster than fewer workers, within their noise ({margin:.0%})"
         return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
     def _second_window(self, setting: LoaderSettings, note: str) -> _Proposal:
