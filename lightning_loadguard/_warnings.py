@@ -24,13 +24,24 @@ class LoadGuardWarning(UserWarning):
     """
 
 
-_previous = warnings.formatwarning
+def _wrapping(previous: Any) -> Any:
+    def format_warning(
+        message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        if isinstance(category, type) and issubclass(category, LoadGuardWarning):
+            return f"{category.__name__}: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    format_warning._loadguard = True  # type: ignore[attr-defined]
+    return format_warning
 
 
-def _format(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
-    if isinstance(category, type) and issubclass(category, LoadGuardWarning):
-        return f"{category.__name__}: {message}\n"
-    return _previous(message, category, filename, lineno, line)
+def install_format() -> None:
+    """Show :class:`LoadGuardWarning` as a sentence, outermost: a formatter installed later (Lightning's, when
+    it is imported after this package) would otherwise show LoadGuard's file and line. Called before each
+    warning; the formatter in place stays the one every other warning goes through."""
+    if not getattr(warnings.formatwarning, "_loadguard", False):
+        warnings.formatwarning = _wrapping(warnings.formatwarning)
 
 
-warnings.formatwarning = _format  # type: ignore[assignment]
+install_format()

@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard._patches import Patches
-from lightning_loadguard._warnings import LoadGuardWarning
+from lightning_loadguard._warnings import LoadGuardWarning, install_format
 from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.device import DeviceEvent, cuda_events
@@ -194,6 +194,7 @@ class LoadGuard(_pl.Callback):
     def _say_once(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
+            install_format()
             rank_zero_warn(f"LoadGuard: {message}", category=LoadGuardWarning)
 
     def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
@@ -314,6 +315,8 @@ class LoadGuard(_pl.Callback):
         """
         if self._monitor.on_device_timeline or (self._tuner is not None and self._tuner.every_step):
             return
+        if any(getattr(type(self), hook) is not getattr(LoadGuard, hook) for hook in _HOOKS):
+            return  # a subclass's own per-step hook runs on every step, as it expects
         if self._monitor.total_steps == 0 or _FETCH_TIMING in self._switched_off:
             return  # no fetch is timed (yet, or any more): nothing would wake them
         step = _pl.log_step(trainer) + 1
@@ -462,9 +465,8 @@ class LoadGuard(_pl.Callback):
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: it keeps the settings and the figures, not the trainer (the monitor
         # leaves the loader and the device's events behind itself).
-        state = dict(self.__dict__)
-        state["_trainer"] = None
-        state["_gpu"] = None  # an NVML handle belongs to the process that opened it
+        state = {k: v for k, v in self.__dict__.items() if k not in _HOOKS}  # its hooks, awake
+        state.update(_trainer=None, _gpu=None, _quiet_fetches=0)  # an NVML handle belongs to its process
         return state
 
     # -- figures ---------------------------------------------------------------------------------------

@@ -363,3 +363,53 @@ def test_where_no_fetch_is_timed_the_hooks_run_on_every_step_and_every_logging_s
     # ... and the first full window's (step 3)
     assert _steps_with(rows, "loadguard/producer_rate") == {3, 4, 9, 14, 19, 24, 29}
     assert set(range(10, 30)) <= set(hooked)
+
+
+def test_a_subclass_with_its_own_step_hook_gets_it_on_every_step() -> None:
+    class Counting(LoadGuard):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.ends = getattr(self, "ends", 0) + 1
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    guard = Counting(window=8, print_summary=False)
+    _trainer(guard).fit(TimedModule(record=False), timed_loader(TimedDataset(4 * 30), batch_size=4))
+    assert guard.ends == 30
+
+
+def test_a_copy_taken_while_the_hooks_rest_has_them_awake() -> None:
+    import copy
+
+    copies: list[LoadGuard] = []
+
+    class Copier(_LoggingModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 6:
+                copies.append(copy.deepcopy(guard))
+            return super().training_step(batch, batch_idx)
+
+    guard = LoadGuard(window=8, print_summary=False)
+    _trainer(guard).fit(Copier(record=False), timed_loader(TimedDataset(4 * 12), batch_size=4))
+    (copied,) = copies
+    assert "on_train_batch_start" not in copied.__dict__ and "on_train_batch_end" not in copied.__dict__
+    assert callable(copied.on_train_batch_start) and copied._quiet_fetches == 0
+
+
+def test_a_formatter_installed_after_loadguard_does_not_show_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_loadguard._warnings import LoadGuardWarning
+
+    earlier = warnings.formatwarning
+
+    def with_file(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
+        # As Lightning's own formatter does for a path it takes for its own ("lightning" in the name).
+        if "lightning" in filename:
+            return f"{filename}:{lineno}: {message}\n"
+        return earlier(message, category, filename, lineno, line)
+
+    monkeypatch.setattr(warnings, "formatwarning", with_file)
+    guard = LoadGuard(window=4, print_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard._say_once("a condition")
+    (w,) = [w for w in caught if issubclass(w.category, LoadGuardWarning)]
+    shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+    assert shown.startswith("LoadGuardWarning: LoadGuard: a condition"), shown
