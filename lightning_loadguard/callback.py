@@ -165,6 +165,7 @@ class LoadGuard(_pl.Callback):
         self._log_due = False
         self._every = 0  # steps between logging steps, known from on_train_start
         self._quiet_fetches = 0  # fetches until the per-step hooks run again (0: they run)
+        self._own_hooks_overridden = any(getattr(type(self), h) is not getattr(LoadGuard, h) for h in _HOOKS)
         self._logged_step: int | None = None
         self._validation_start: float | None = None
         self._gpu: GpuUtilization | None = None
@@ -315,7 +316,7 @@ class LoadGuard(_pl.Callback):
         """
         if self._monitor.on_device_timeline or (self._tuner is not None and self._tuner.every_step):
             return
-        if any(getattr(type(self), hook) is not getattr(LoadGuard, hook) for hook in _HOOKS):
+        if self._own_hooks_overridden:
             return  # a subclass's own per-step hook runs on every step, as it expects
         if self._monitor.total_steps == 0 or _FETCH_TIMING in self._switched_off:
             return  # no fetch is timed (yet, or any more): nothing would wake them

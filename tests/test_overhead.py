@@ -99,10 +99,10 @@ def test_a_training_step_costs_loadguard_few_calls_and_no_file_opens(num_workers
     steps = last - first
     assert counter.python_calls > 0  # the counter saw LoadGuard at work
     assert counter.opened == []
-    # About 11 calls per step in either case: the fetch's start and end, and the probe or the meter, on every
-    # step; the step's start hook on every HOOKED_EVERY-th, its end hook on logging steps only (18 where both
-    # ran on every step).
-    assert counter.python_calls / steps <= 12.5, counter.names.most_common(10)
+    # About 11 to 12.5 calls per step in either case (the sampled system calls go with the machine's speed):
+    # the fetch's start and end, and the probe or the meter, on every step; the step's start hook on every
+    # HOOKED_EVERY-th, its end hook on logging steps only (18 where both ran on every step).
+    assert counter.python_calls / steps <= 14, counter.names.most_common(10)
     # With workers, the batches are made (and timed) in the workers; in-process, the meter samples: four
     # system calls per sample, at most one sample per interval. The loop's wait for a core is read twice
     # every QUEUE_SAMPLE_EVERY fetches.
