@@ -117,8 +117,12 @@ def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) 
 
 
 def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
-    """Steps/s of the pipeline's Lightning fit without LoadGuard, after ``warmup`` steps (workers started,
-    buffer settled): the run the tuner tunes, with its loop's own CPU use beside the workers."""
+    """Steps/s of the pipeline's Lightning fit without LoadGuard, after ``warmup`` steps and twice the batches
+    in flight (workers started, buffer settled: a buffer filled while the workers started would otherwise be
+    drained inside the measured steps, and a deep one would look faster than it runs): the run the tuner
+    tunes, with its loop's own CPU use beside the workers."""
+    workers, prefetch = key
+    warmup += 2 * workers * (prefetch or 2)
     watch = Stopwatch(warmup)
     trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
     trainer.fit(pipeline.module(), loader(pipeline, steps + warmup, *key))

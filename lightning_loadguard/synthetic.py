@@ -1,6 +1,6 @@
 """Synthetic pipelines with known timings, for ``loadguard demo`` and for trying LoadGuard out.
 
-A :class:`TimedDataset` costs a known time per sample (sleeping, like I/O, or spinning, like a CPU-bound
+A :class:`TimedDataset` costs a known time per sample (sleeping, like I/O, or a known CPU time, like a CPU-bound
 transform), optionally with periodic slow samples (bursts). A :class:`TimedModule` trains a tiny model
 whose step takes a known time and records which samples reached ``training_step``.
 
@@ -23,6 +23,15 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_loadguard._lightning import pl
 
 _SLEEP_OVERSHOOT_S = 0.00012
+
+
+def _burn_cpu(seconds: float) -> None:
+    """Compute for ``seconds`` of this thread's CPU time, like a transform: a fixed amount of work, which takes
+    longer than ``seconds`` of wall time while other processes hold the core (a spin to a wall-clock deadline
+    would instead do less work the more it is preempted, and oversubscribed workers would look free)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 def _busy(seconds: float, spin: bool) -> None:
@@ -63,7 +72,8 @@ class TimedDataset(Dataset):
         features: size of the feature vector.
         burst_every: every ``burst_every``-th sample (by index) costs ``burst_s`` more (0: no bursts).
         burst_s: the extra cost of a slow sample.
-        spin: burn CPU instead of sleeping (a CPU-bound transform rather than I/O).
+        spin: compute instead of sleeping (a CPU-bound transform rather than I/O): each sample then costs
+            ``sample_s`` (and ``burst_s``) of the worker's CPU time, and takes longer on a busy host.
     """
 
     def __init__(
@@ -89,7 +99,11 @@ class TimedDataset(Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _busy(self.timing.cost(index), self.timing.spin)
+        cost = self.timing.cost(index)
+        if self.timing.spin:
+            _burn_cpu(cost)
+        else:
+            _busy(cost, spin=False)
         generator = torch.Generator().manual_seed(index)
         return torch.tensor(index), torch.randn(self.features, generator=generator)
 
