@@ -9,6 +9,7 @@ import pytest
 
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
 from lightning_loadguard.model import diagnose
+from lightning_loadguard.model.findings import Diagnosis, Finding
 from lightning_loadguard.model.stable import StableDiagnosis
 
 _HOST = HostFacts(cpu_count=32)
@@ -91,10 +92,10 @@ def test_a_closing_report_takes_the_latest_advice_under_the_verdict_that_held() 
     stable = StableDiagnosis()
     two, three = diagnose(_one_worker(0.16)), diagnose(_one_worker(0.19))
     stable.update(two)
-    assert stable.update(three) is two  # within the run, one window does not change the advice
+    assert stable.update(three).findings[0] is two.findings[0]  # within the run, one window does not change the advice
     assert stable.update(three, closing=True) is three  # the closing report uses the most data
     healthy = diagnose(_in_process(0.0005))
-    assert stable.update(healthy, closing=True) is three  # the verdict itself still needs the hold
+    assert stable.update(healthy, closing=True).findings[0] is three.findings[0]  # the verdict still needs the hold
 
 
 def test_provisional_windows_are_reported_as_they_are() -> None:
@@ -102,12 +103,38 @@ def test_provisional_windows_are_reported_as_they_are() -> None:
     starved, healthy = diagnose(_in_process(0.05)), diagnose(_in_process(0.0005))
     assert stable.update(starved, settled=False) is starved
     assert stable.update(healthy) is healthy  # the first full window replaces a provisional one at once
-    assert stable.update(starved) is healthy
+    assert stable.update(starved).findings[0] is healthy.findings[0]
 
 
 def test_a_window_restarted_after_a_switch_holds_like_any_other() -> None:
     stable = StableDiagnosis()
     starved, healthy = diagnose(_in_process(0.05)), diagnose(_in_process(0.0005))
     stable.update(healthy)
-    assert stable.update(starved, settled=False) is healthy  # after the first full window: no shortcut
+    # After the first full window: no shortcut.
+    assert stable.update(starved, settled=False).findings[0] is healthy.findings[0]
+    assert stable.changes == 1
+
+
+def test_a_held_verdict_shows_this_windows_secondary_findings_not_those_of_the_window_it_was_spoken_in() -> None:
+    first = Diagnosis(
+        "transfer_bound",
+        (
+            Finding("transfer_bound", 0.07, evidence={"transfer_ms": 2.8}),
+            Finding("epoch_start_stall", 0.06, evidence={"epoch_start_ms": 900.0}),
+            Finding("compute_bound", 0.0),
+        ),
+    )
+    later = Diagnosis(
+        "compute_bound",
+        (Finding("compute_bound", 0.0, evidence={"wait_fraction": 0.01}), Finding("transfer_bound", 0.03)),
+    )
+    stable = StableDiagnosis(hold=3)
+    stable.update(first)
+    held = stable.update(later, closing=True)  # one window: the verdict is held, even at the run's end
+    assert held.verdict == "transfer_bound"
+    assert held.findings[0] is later.findings[1]  # the same advice, with this window's figures
+    # The start-up stall of the first window is not in this one: it is not repeated; compute_bound is shown
+    # as this window measured it.
+    assert held.finding("epoch_start_stall") is None
+    assert held.finding("compute_bound") is later.findings[0]
     assert stable.changes == 1

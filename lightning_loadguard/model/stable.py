@@ -141,7 +141,25 @@ class StableDiagnosis:
             self._pending, self._count = raw.verdict, 1
         if self._count >= self.hold:
             return self._speak(raw)
-        return self.spoken
+        return self._held(raw)
+
+    def _held(self, raw: Diagnosis) -> Diagnosis:
+        """The spoken advice, with this window's figures for every finding it still shows.
+
+        The dominant finding keeps the spoken advice (its latest figures where this window gives the same
+        advice); a secondary finding is shown as this window measures it, or not at all where this window no
+        longer finds it (an epoch's start-up stall seen in the first window is not repeated at the run's
+        end); a finding the spoken diagnosis did not list waits for the hold like any new advice.
+        """
+        spoken = self.spoken
+        assert spoken is not None
+        dominant = raw.finding(spoken.verdict)
+        if dominant is None or dominant.key() != spoken.findings[0].key():
+            dominant = spoken.findings[0]
+        rest = (raw.finding(f.verdict) for f in spoken.findings[1:])
+        held = Diagnosis(spoken.verdict, (dominant, *(f for f in rest if f is not None)), raw.draining)
+        self.spoken = held
+        return held
 
     def _speak(self, raw: Diagnosis) -> Diagnosis:
         self.spoken = raw
