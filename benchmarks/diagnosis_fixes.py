@@ -13,8 +13,8 @@ For each case (a pipeline built so that one constraint dominates):
    fix it states instead, ``LoadGuard(auto_tune=True)``, whose decision is applied; where the fix is a code
    change (``recommended == {}`` with an action), the benchmark makes that change as the fix describes it;
 3. the step rate (steps/s over whole epochs from the first batch on, later epochs' iterator start-up included,
-   in a plain loop doing the same step) is measured before and after, in alternating rounds (before, after;
-   then after, before), each setting's figure its median over the rounds.
+   in a Lightning fit of the same module without LoadGuard) is measured before and after, in alternating
+   rounds (before, after; then after, before), each setting's figure its median over the rounds.
 
 Target: ``after / before >= 0.98`` for every applied fix. A certain recommendation that would lower the rate
 is the failure this benchmark exists to catch; an uncertain one is also measured as "applied anyway" to show
@@ -42,15 +42,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard import LoadGuard
+from lightning_loadguard._lightning import pl
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.report import render_table
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.options import TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CpuModule, CpuStep, JpegDataset, make_jpegs
+from workloads import CpuModule, JpegDataset, make_jpegs
 
 NOT_LOWER = 0.98
 """A fix may not lower the step rate below this share of the rate before it."""
@@ -95,7 +96,6 @@ class Case:
     expected: tuple[str, ...]
     dataset: Callable[[], Dataset]
     loader: dict[str, Any]
-    step: Callable[[], Callable[[Any], None]]
     module: Callable[[], Any]
     epochs: int = 1
     batch_size: int = 4
@@ -105,10 +105,6 @@ class Case:
 
     def build(self, **settings: Any) -> DataLoader:
         return timed_loader(self.dataset(), batch_size=self.batch_size, **{**self.loader, **settings})
-
-
-def _waiting_step(step_s: float) -> Callable[[], Callable[[Any], None]]:
-    return lambda: lambda batch: _busy(step_s, spin=False)
 
 
 def cases(tmp: Path, quick: bool) -> list[Case]:
@@ -127,7 +123,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("producer_deficit",),
             lambda: TimedDataset(4 * 16 * scale, sample_s=0.030),
             {"num_workers": 1, "persistent_workers": True},
-            _waiting_step(0.060),
             lambda: TimedModule(0.060, record=False),
         ),
         # One batch in seven costs 200 ms more; on average the worker keeps up (33 ms against 60 ms).
@@ -136,7 +131,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("bursty",),
             lambda: TimedDataset(4 * 21 * scale, sample_s=0.001, burst_every=4 * 7, burst_s=0.200),
             {"num_workers": 1, "prefetch_factor": 2, "persistent_workers": True},
-            _waiting_step(0.060),
             lambda: TimedModule(0.060, record=False),
             window=42,
         ),
@@ -146,7 +140,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("epoch_start_stall",),
             lambda: TimedDataset(4 * 8, sample_s=0.001),
             {"num_workers": 2, "worker_init_fn": _slow_worker_init},
-            _waiting_step(0.030),
             lambda: TimedModule(0.030, record=False),
             epochs=3 * scale,
             window=16,
@@ -157,7 +150,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("transfer_bound",),
             lambda: ManySmallTensors(8 * 16 * scale),
             {"num_workers": 2, "persistent_workers": True, "collate_fn": collate_pieces},
-            _waiting_step(0.030),
             lambda: _PieceModule(0.030),
             batch_size=8,
             code_fix={"collate_fn": collate_stacked},
@@ -168,7 +160,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("compute_bound",),
             lambda: TimedDataset(4 * 16 * scale, sample_s=0.002),
             {"num_workers": 2, "persistent_workers": True},
-            _waiting_step(0.060),
             lambda: TimedModule(0.060, record=False),
         ),
         # JPEG decoding in the loop and a small CNN whose torch threads use every core.
@@ -177,7 +168,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("producer_deficit", "compute_bound"),
             jpeg_dataset,
             {"num_workers": 0},
-            lambda: CpuStep("cnn"),
             lambda: CpuModule("cnn"),
             batch_size=32,
             window=10,
@@ -188,7 +178,6 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             ("producer_deficit",),
             lambda: TimedDataset(4 * 40 * scale, sample_s=0.004, spin=True),
             {"num_workers": 1, "persistent_workers": True},
-            _waiting_step(0.010),
             lambda: TimedModule(0.010, record=False),
             competitor=True,
         ),
@@ -221,25 +210,47 @@ def tuned_settings(case: Case) -> dict[str, Any]:
     return settings
 
 
+class _FromFirstBatch(pl.Callback):
+    """Steps/s of a fit from its first batch on: every later epoch's iterator start-up counts, the first
+    one (paid by every setting alike) does not."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.steps = 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.start is None:
+            self.start = time.perf_counter()
+        else:
+            self.steps += 1
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        assert self.start is not None
+        self.rate = self.steps / (time.perf_counter() - self.start)
+
+
+class _InMemory:
+    """Batches made beforehand, replayed every epoch (an iterable, not a list: Lightning takes a list for
+    several loaders)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 def step_rate(case: Case, settings: dict[str, Any], in_memory: bool = False) -> float:
-    """Steps/s over whole epochs, the step done in a plain loop; the clock starts at the first batch, so every
-    later epoch's iterator start-up counts and the first one (paid by every setting alike) does not."""
-    step = case.step()
+    """Steps/s over whole epochs of the case's Lightning fit without LoadGuard (the run the diagnosis saw,
+    whose loop uses CPU beside the workers), from the first batch on (see :class:`_FromFirstBatch`)."""
     loader = case.build(**settings)
-    if in_memory:
-        batches = list(loader)
-        loader = batches  # type: ignore[assignment]
-    epochs = max(1, case.epochs)
-    steps, start = 0, None
-    for _ in range(epochs):
-        for batch in loader:
-            if start is None:
-                start = time.perf_counter()
-            else:
-                steps += 1
-            step(batch)
-    assert start is not None
-    return steps / (time.perf_counter() - start)
+    data: Any = _InMemory(list(loader)) if in_memory else loader
+    watch = _FromFirstBatch()
+    quiet_trainer(max_epochs=max(1, case.epochs), callbacks=[watch]).fit(case.module(), data)
+    return watch.rate
 
 
 def _describe(settings: dict[str, Any]) -> str:
