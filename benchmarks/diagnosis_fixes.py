@@ -42,7 +42,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard._lightning import pl
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.report import render_table
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -51,7 +50,7 @@ from lightning_loadguard.tuning.options import TuneOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CpuModule, JpegDataset, make_jpegs
+from workloads import CpuModule, JpegDataset, Stopwatch, make_jpegs
 
 NOT_LOWER = 0.98
 """A fix may not lower the step rate below this share of the rate before it."""
@@ -210,25 +209,6 @@ def tuned_settings(case: Case) -> dict[str, Any]:
     return settings
 
 
-class _FromFirstBatch(pl.Callback):
-    """Steps/s of a fit from its first batch on: every later epoch's iterator start-up counts, the first
-    one (paid by every setting alike) does not."""
-
-    def __init__(self) -> None:
-        self.start: float | None = None
-        self.steps = 0
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.start is None:
-            self.start = time.perf_counter()
-        else:
-            self.steps += 1
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        assert self.start is not None
-        self.rate = self.steps / (time.perf_counter() - self.start)
-
-
 class _InMemory:
     """Batches made beforehand, replayed every epoch (an iterable, not a list: Lightning takes a list for
     several loaders)."""
@@ -245,10 +225,11 @@ class _InMemory:
 
 def step_rate(case: Case, settings: dict[str, Any], in_memory: bool = False) -> float:
     """Steps/s over whole epochs of the case's Lightning fit without LoadGuard (the run the diagnosis saw,
-    whose loop uses CPU beside the workers), from the first batch on (see :class:`_FromFirstBatch`)."""
+    whose loop uses CPU beside the workers), from the first batch on: every later epoch's iterator start-up
+    counts, the first one (paid by every setting alike) does not."""
     loader = case.build(**settings)
     data: Any = _InMemory(list(loader)) if in_memory else loader
-    watch = _FromFirstBatch()
+    watch = Stopwatch(warmup=0)
     quiet_trainer(max_epochs=max(1, case.epochs), callbacks=[watch]).fit(case.module(), data)
     return watch.rate
 

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
@@ -122,7 +123,7 @@ def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     drained inside the measured steps, and a deep one would look faster than it runs): the run the tuner
     tunes, with its loop's own CPU use beside the workers."""
     workers, prefetch = key
-    warmup += 2 * workers * (prefetch or 2)
+    warmup += 2 * LoaderSettings(num_workers=workers, prefetch_factor=prefetch).batches_in_flight
     watch = Stopwatch(warmup)
     trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
     trainer.fit(pipeline.module(), loader(pipeline, steps + warmup, *key))
