@@ -11,7 +11,9 @@ The verdict is the first table. Each fit switches LoadGuard on or off at random 
 percent from one to the next on a shared machine. It gives LoadGuard's cost on a plain step, the logging
 step's extra, their sum over a run, and the ratio of the step period without LoadGuard to the period with
 it. It counts what timing LoadGuard's own functions cannot: the caches its code and data take from the
-step's, the work Lightning does for it.
+step's, the work Lightning does for it. Beside each such fit runs one with the same draw in which nothing is
+switched (LoadGuard on for every step): its plain-step figure is what a cost of 0 reads, the instrument's
+own error on this machine, in the same run.
 
 The second table is the plain comparison: each round trains the pipeline once without and once with
 ``LoadGuard`` (``--steps`` steps), in alternating order, over the wall time and over step periods clipped
@@ -315,9 +317,12 @@ class _Alternate(Callback):
     of the loop, and is not in these figures.
     """
 
-    def __init__(self, guard: LoadGuard, warmup: int) -> None:
+    def __init__(self, guard: LoadGuard, warmup: int, switch: bool = True) -> None:
         self.guard = guard
         self.warmup = warmup
+        self.switch = switch
+        """``False``: the steps are drawn and labelled alike, but LoadGuard stays on for every one of them; the
+        figures then read the instrument's own zero (a cost of 0 measured the same way)."""
         self.periods: list[tuple[float, bool, bool]] = []
         """Per step after the warm-up: its period, whether LoadGuard was on, and whether it logged."""
         self.fetch_timing: _Switch | None = None
@@ -362,6 +367,9 @@ class _Alternate(Callback):
         state is kept while it is off and given back, so its steps run as they would in a plain fit. Its
         countdown to the next hooked step sees only its own steps: a logging step is made a hooked one."""
         guard = self.guard
+        if not self.switch:
+            self._on = on
+            return
         if on and not self._on:
             for hook, value in self._hooks.items():
                 if value is _RUNS:
@@ -426,11 +434,12 @@ def _capture_fetch_timing(alternate: _Alternate, own: _OwnTime) -> None:
     own.patch(loader_probe, "time_in_process_fetch", timing)
 
 
-def _alternated(steps: int, workers: int) -> dict[str, float]:
-    """LoadGuard's cost per step from one fit with it on and off on random steps (:class:`_Alternate`)."""
+def _alternated(steps: int, workers: int, switch: bool = True) -> dict[str, float]:
+    """LoadGuard's cost per step from one fit with it on and off on random steps (:class:`_Alternate`);
+    with ``switch=False``, the same fit and draw with LoadGuard on throughout: the instrument's zero."""
     undo = _OwnTime()
     guard = LoadGuard(print_summary=False)
-    alternate = _Alternate(guard, warmup=min(50, steps // 4))
+    alternate = _Alternate(guard, warmup=min(50, steps // 4), switch=switch)
     _capture_fetch_timing(alternate, undo)
     try:
         _train(steps, workers, [guard, alternate])
@@ -465,8 +474,12 @@ def main() -> None:
         _fit(False, 50, workers)  # warm imports and caches
 
     rows = []
+    fits = max(1, args.rounds // 2)
     for workers in args.workers:
-        runs = [_alternated(args.paired_steps, workers) for _ in range(max(1, args.rounds // 2))]
+        runs, zeros = [], []
+        for _ in range(fits):
+            runs.append(_alternated(args.paired_steps, workers))
+            zeros.append(_alternated(args.paired_steps, workers, switch=False)["plain"])
         cost = [r["cost"] for r in runs]
         ratio = [r["off"] / (r["off"] + r["cost"]) for r in runs]
         rows.append(
@@ -474,6 +487,7 @@ def main() -> None:
                 str(workers),
                 f"{statistics.median(r['off'] for r in runs) / 1e3:.2f}",
                 f"{statistics.median(r['plain'] for r in runs):.0f}",
+                f"{statistics.median(zeros):+.0f} ({min(zeros):+.0f}..{max(zeros):+.0f})",
                 f"{statistics.median(r['logging'] for r in runs):.0f}",
                 f"{statistics.median(cost):.0f} ({min(cost):.0f}..{max(cost):.0f})",
                 f"{statistics.median(ratio):.4f} ({min(ratio):.3f}..{max(ratio):.3f})",
@@ -483,13 +497,14 @@ def main() -> None:
         "workers",
         "step period without (ms)",
         "cost, plain step (us)",
+        "nothing switched (us, range)",
         "more, logging step (us)",
         "cost per step (us, range)",
         "ratio without / with (range)",
     )
     title = (
         f"LoadGuard on and off on random steps of one fit: {STEP_S * 1e3:.0f} ms steps, "
-        f"{max(1, args.rounds // 2)} fits of {args.paired_steps} steps each, goal ratio >= 0.99"
+        f"{fits} fits of {args.paired_steps} steps each and as many with nothing switched, goal ratio >= 0.99"
     )
     print(render_table(title, rows, headers))
 
