@@ -65,7 +65,7 @@ class Pipeline:
     make_dataset: Callable[[int], Dataset]
     batch_size: int = 4
     step_s: float = 0.0
-    cpu_step: dict[str, Any] | None = None  # CpuStep arguments: the step computes with torch's threads
+    cpu_step: dict[str, Any] | None = None  # CpuModule arguments: the step computes with torch's threads
 
     def module(self) -> pl.LightningModule:
         if self.cpu_step is not None:

@@ -3,9 +3,8 @@
 - :func:`make_jpegs` writes JPEG files made locally with PIL (no download).
 - :class:`JpegDataset` decodes them with PIL and augments (random crop, flip, resize), as an image
   pipeline's workers do.
-- :class:`CpuStep` is a training step that computes on the CPU with torch's intra-op threads (a small CNN
-  for images, an MLP for feature vectors); :class:`CpuModule` runs the same step inside Lightning, so a
-  plain loop and a ``Trainer`` do the same work per batch.
+- :class:`CpuModule` is a training step that computes on the CPU with torch's intra-op threads (a small CNN
+  for images, an MLP for feature vectors), inside Lightning.
 - :class:`Stopwatch` times a fit's steps per second after a warm-up.
 """
 
@@ -97,8 +96,8 @@ def _mlp(features: int, hidden: int) -> torch.nn.Module:
     )
 
 
-class CpuStep:
-    """One training step on the CPU (forward, backward, SGD), with torch's intra-op threads.
+class CpuModule(pl.LightningModule):
+    """A training step that computes on the CPU with torch's intra-op threads, inside Lightning.
 
     Args:
         kind: ``"cnn"`` for ``(index, image, label)`` batches, ``"mlp"`` for ``(index, features)`` ones.
@@ -106,48 +105,20 @@ class CpuStep:
     """
 
     def __init__(self, kind: str, features: int = 16, hidden: int = 1024) -> None:
+        super().__init__()
         torch.manual_seed(0)
         self.kind = kind
         self.model = _cnn() if kind == "cnn" else _mlp(features, hidden)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
-    def loss(self, batch: Any) -> torch.Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.kind == "cnn":
             _, x, y = batch
             return torch.nn.functional.cross_entropy(self.model(x), y)
         _, x = batch
         return self.model(x).pow(2).mean()
 
-    def __call__(self, batch: Any) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.loss(batch).backward()
-        self.optimizer.step()
-
-
-class CpuModule(pl.LightningModule):
-    """:class:`CpuStep`'s model and loss inside Lightning (Lightning runs backward and the optimizer)."""
-
-    def __init__(self, kind: str, features: int = 16, hidden: int = 1024) -> None:
-        super().__init__()
-        self.step = CpuStep(kind, features, hidden)
-        self.model = self.step.model
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.step.loss(batch)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=0.01)
-
-
-def time_step(step: CpuStep, batch: Any, repeats: int = 5) -> float:
-    """Median CPU seconds (all threads) of ``step`` on ``batch``, after one warm-up call: immune to other load."""
-    step(batch)
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        step(batch)
-        times.append(time.process_time() - start)
-    return sorted(times)[len(times) // 2]
 
 
 class Stopwatch(pl.Callback):
