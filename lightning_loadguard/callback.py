@@ -56,12 +56,16 @@ def adaptive_window(steps_per_epoch: float) -> int:
 
 
 HOOKED_EVERY = 4
-"""LoadGuard's ``on_train_batch_start`` runs on every this many steps and on every logging step, its
-``on_train_batch_end`` on logging steps only; the steps between skip them. Lightning's dispatch of a hook (a
-profiler context) and the hook's own reads of the trainer cost more, on short steps, than the fetch timing
-that measures the data wait; the copy to the device is timed on this sample of steps. With an accelerator's
-timeline, or while the tuner probes, both run on every step; where batches accumulate, the start hook runs
-more often near a logging step (see ``LoadGuard._rest_hooks``)."""
+"""LoadGuard's ``on_train_batch_start`` runs on every this many steps (on short steps, on one step each
+``HOOKED_INTERVAL_S``) and on every logging step, its ``on_train_batch_end`` on logging steps only; the steps
+between skip them. Lightning's dispatch of a hook (a profiler context) and the hook's own reads of the trainer
+cost more, on short steps, than the fetch timing that measures the data wait; the copy to the device is timed
+on this sample of steps. With an accelerator's timeline, or while the tuner probes, both run on every step;
+where batches accumulate, the start hook runs more often near a logging step (see ``LoadGuard._rest_hooks``)."""
+
+HOOKED_INTERVAL_S = 0.02
+"""Where ``HOOKED_EVERY`` steps take less than this, the hooks rest for as many steps as last this long (at the
+latest step's period): their cost per second of training stays bounded however short the steps."""
 
 _HOOKS = ("on_train_batch_start", "on_train_batch_end")
 _FETCH_TIMING = "timing the training loop's fetch"
@@ -307,7 +311,8 @@ class LoadGuard(_pl.Callback):
             self.__dict__.pop(hook, None)
 
     def _rest_hooks(self, trainer: Any) -> None:
-        """Leave the per-step hooks off until the next step that needs them (``HOOKED_EVERY``).
+        """Leave the per-step hooks off until the next step that needs them (``HOOKED_EVERY``,
+        ``HOOKED_INTERVAL_S``).
 
         Lightning calls a callback's hook only where it is callable, and reads it afresh on every step; the
         fetch timing, which runs on every step, counts the fetches and puts them back. Counted in fetches,
@@ -322,6 +327,9 @@ class LoadGuard(_pl.Callback):
             return  # no fetch is timed (yet, or any more): nothing would wake them
         step = _pl.log_step(trainer) + 1
         fetches = HOOKED_EVERY
+        period = self._monitor.last_period_s
+        if period * HOOKED_EVERY < HOOKED_INTERVAL_S and period > 0:
+            fetches = math.ceil(HOOKED_INTERVAL_S / period)
         if self.window > step:
             fetches = min(fetches, self.window - step)
         if self._every:

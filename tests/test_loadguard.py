@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset
@@ -276,6 +276,30 @@ def test_the_step_hooks_run_on_a_sample_of_steps_and_on_every_logging_step(
     bound = 90 / HOOKED_EVERY + len(logged) + 2 if accumulate == 1 else 90 / 2
     assert len(hooked) <= bound, hooked
     assert len(set(hooked)) == len(hooked)
+
+
+def test_on_short_steps_the_step_hooks_run_once_per_interval_not_once_per_few_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Their cost per second stays bounded: on steps far shorter than ``HOOKED_INTERVAL_S / HOOKED_EVERY``,
+    the hooks run on about one step each interval of the training's own time (an independent clock)."""
+    from lightning_loadguard.callback import HOOKED_EVERY, HOOKED_INTERVAL_S
+
+    class Clock(Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seconds = time.perf_counter() - self.started
+
+    hooked = _hooked_batches(monkeypatch)
+    clock = Clock()
+    steps = 400
+    trainer = quiet_trainer(max_steps=steps, callbacks=[LoadGuard(window=100, log_every_n_steps=1000), clock])
+    trainer.fit(TimedModule(step_s=0.0002, record=False), timed_loader(TimedDataset(4 * steps), batch_size=4))
+    # The first steps before a period is known, the first full window's logging step, and one wake-up per
+    # interval (one step in HOOKED_EVERY would be 100 of them).
+    assert len(hooked) <= clock.seconds / HOOKED_INTERVAL_S + 4, (len(hooked), clock.seconds, steps / HOOKED_EVERY)
 
 
 def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(

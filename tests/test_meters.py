@@ -18,7 +18,7 @@ import lightning_loadguard.meters.producer as producer_module
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.host import batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_EVERY, LoaderMonitor
+from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_INTERVAL_S, LoaderMonitor
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
 from lightning_loadguard.meters.ranks import FIELDS, RankFigures
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
@@ -49,6 +49,29 @@ def test_consumer_meter_window_is_rolling() -> None:
     meter.close_step(10.0)
     assert len(meter.records()) == 3
     assert meter.total_steps == 10
+
+
+def test_the_loops_wait_for_a_core_is_read_on_the_first_fetch_of_each_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fetch every quarter of the interval (times exact in binary): every 4th fetch is read, and its figure
+    is what the thread's queueing counter moved during that fetch, not across the steps between reads."""
+    reads = iter(float(i) for i in range(1000))
+    monkeypatch.setattr("lightning_loadguard.meters.consumer._queued_seconds", lambda: next(reads))
+    meter = ConsumerMeter(window=100, core_wait_interval_s=1.0)
+    for i in range(40):
+        meter.fetch_started(i * 0.25)
+        meter.fetch_finished(i * 0.25 + 0.125)
+    meter.close_step(10.0)
+    queued = [r.queued_s for r in meter.records()]
+    assert [i for i, q in enumerate(queued) if q == q] == list(range(0, 40, 4))
+    assert {q for q in queued if q == q} == {1.0}  # each read pair: start, then end of the same fetch
+
+
+@pytest.mark.parametrize("interval", [-0.01, math.nan])
+def test_the_consumer_meter_rejects_a_bad_core_wait_interval(interval: float) -> None:
+    with pytest.raises(ValueError, match="core_wait_interval_s"):
+        ConsumerMeter(window=10, core_wait_interval_s=interval)
 
 
 @pytest.mark.parametrize("window", [0, -1])
@@ -283,10 +306,11 @@ def test_the_loops_wait_for_a_core_during_a_fetch_is_what_its_thread_did_not_run
         monitor = LoaderMonitor(window=64)
         time.sleep(0.05)  # the spinner is running
         rows = []
-        for _ in range(4 * QUEUE_SAMPLE_EVERY):
+        for _ in range(4):
             monitor.fetch_started(time.perf_counter())
             wall0, cpu0 = time.perf_counter(), time.thread_time()
-            end = wall0 + 0.03
+            # Each fetch outlasts the sampling interval: every one of them is read.
+            end = wall0 + max(0.03, 1.5 * QUEUE_SAMPLE_INTERVAL_S)
             while time.perf_counter() < end:
                 pass
             rows.append(time.perf_counter() - wall0 - (time.thread_time() - cpu0))

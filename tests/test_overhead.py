@@ -21,7 +21,7 @@ from pipelines import quiet_trainer
 import lightning_loadguard
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters import producer
-from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_EVERY
+from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_INTERVAL_S
 from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerCounters, _timed
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 
@@ -104,10 +104,10 @@ def test_a_training_step_costs_loadguard_few_calls_and_no_file_opens(num_workers
     # HOOKED_EVERY-th, its end hook on logging steps only (18 where both ran on every step).
     assert counter.python_calls / steps <= 14, counter.names.most_common(10)
     # With workers, the batches are made (and timed) in the workers; in-process, the meter samples: four
-    # system calls per sample, at most one sample per interval. The loop's wait for a core is read twice
-    # every QUEUE_SAMPLE_EVERY fetches.
+    # system calls per sample, at most one sample per interval. The loop's wait for a core is read at the
+    # start and the end of the first fetch of each QUEUE_SAMPLE_INTERVAL_S.
     samples = between.seconds / SAMPLE_INTERVAL_S + 1
-    core_waits = 2 * (steps // QUEUE_SAMPLE_EVERY + 1)
+    core_waits = 2 * (between.seconds / QUEUE_SAMPLE_INTERVAL_S + 1)
     assert sum(counter.system_calls.values()) <= 4 * samples + core_waits, (counter.system_calls, between.seconds)
 
 

@@ -7,6 +7,7 @@ timestamps from its caller, so it is driven identically by a Trainer adapter and
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -38,14 +39,18 @@ class ConsumerMeter:
         ([0.01, 0.001], [0.02, 0.019])
     """
 
-    def __init__(self, window: int, core_wait_every: int = 0) -> None:
+    def __init__(self, window: int, core_wait_interval_s: float | None = None) -> None:
         if window < 1:
             raise ValueError(f"`window` must be a positive number of steps, got {window!r}.")
-        if core_wait_every < 0:
-            raise ValueError(f"`core_wait_every` must be 0 (never) or a number of fetches, got {core_wait_every!r}.")
-        self.core_wait_every = core_wait_every
-        """Every this many fetches, the calling thread's wait for a core during the fetch is read (Linux)."""
-        self._fetches = 0
+        if core_wait_interval_s is not None and not core_wait_interval_s >= 0:
+            raise ValueError(
+                "`core_wait_interval_s` must be None (never) or a number of seconds >= 0, "
+                f"got {core_wait_interval_s!r}."
+            )
+        self.core_wait_interval_s = core_wait_interval_s
+        """The calling thread's wait for a core during a fetch is read (Linux) on the first fetch that starts at
+        least this long after the previous such read (0: every fetch; ``None``: never)."""
+        self._next_core_wait = -math.inf
         self._queued_before: float | None = None
         self._records: deque[tuple[Any, ...]] = deque(maxlen=window)
         self._fetch_start: float | None = None
@@ -82,10 +87,10 @@ class ConsumerMeter:
             self._ready = self._level = None
         self._excluded = self._startup = 0.0
         self._transfer = self._queued = _NAN
-        if self.core_wait_every:
-            self._fetches += 1
-            if self._fetches % self.core_wait_every == 0:
-                self._queued_before = _queued_seconds()
+        interval = self.core_wait_interval_s
+        if interval is not None and now >= self._next_core_wait:
+            self._next_core_wait = now + interval
+            self._queued_before = _queued_seconds()
 
     def fetch_finished(self, now: float) -> None:
         if self._fetch_start is None:
@@ -125,6 +130,14 @@ class ConsumerMeter:
         """End the open step at ``now`` (the next fetch, or the end of the epoch)."""
         self.fetch_started(now)
         self._fetch_start = self._queued_before = None
+
+    @property
+    def last_period_s(self) -> float:
+        """The latest completed step's period (its wait and its step), 0 before the first."""
+        if not self._records:
+            return 0.0
+        last = self._records[-1]
+        return last[0] + last[1]
 
     @property
     def window_steps(self) -> int:

@@ -31,7 +31,7 @@ from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
 from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import ProducerMeter
+from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 
@@ -42,9 +42,11 @@ PRODUCER_WINDOWS = 4
 """Production is averaged over this many windows of batches: a burst every few dozen batches would otherwise
 swing the capacity by a burst's share of one window."""
 
-QUEUE_SAMPLE_EVERY = 4
-"""Every this many fetches, the loop thread's wait for a core during the fetch is read (two ``schedstat``
-reads): on a busy host, a ready batch's hand-over also waits for a core, which is not the hand-over's cost."""
+QUEUE_SAMPLE_INTERVAL_S = SAMPLE_INTERVAL_S
+"""The loop thread's wait for a core during a fetch is read (two ``schedstat`` reads) on the first fetch that
+starts at least this long after the previous read: on a busy host, a ready batch's hand-over also waits for a
+core, which is not the hand-over's cost. Sampled in time, as the producers sample theirs: the read right after
+a step, with the kernel's caches cold from the step, costs several microseconds, a share of a short step."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class LoaderMonitor:
         self._cpu_use: CpuUse | None = None
         self.accelerator = False
         """Whether the step runs on an accelerator."""
-        self._consumer = ConsumerMeter(window, core_wait_every=QUEUE_SAMPLE_EVERY)
+        self._consumer = ConsumerMeter(window, core_wait_interval_s=QUEUE_SAMPLE_INTERVAL_S)
         self._bind_updates()
         self._producer = ProducerMeter(PRODUCER_WINDOWS * window)
         # The consumer hears of each fetch directly: the probe's call runs on every step.
@@ -328,6 +330,11 @@ class LoaderMonitor:
     @property
     def total_steps(self) -> int:
         return self._consumer.total_steps
+
+    @property
+    def last_period_s(self) -> float:
+        """The latest completed step's period, 0 before the first."""
+        return self._consumer.last_period_s
 
     @property
     def total_wait_s(self) -> float:
