@@ -13,7 +13,8 @@ step's extra, their sum over a run, and the ratio of the step period without Loa
 it. It counts what timing LoadGuard's own functions cannot: the caches its code and data take from the
 step's, the work Lightning does for it. Beside each such fit runs one with the same draw in which nothing is
 switched (LoadGuard on for every step): its plain-step figure is what a cost of 0 reads, the instrument's
-own error on this machine, in the same run.
+own error on this machine, in the same run; and its share of logging steps is the run's (LoadGuard paces its
+logging by the step period it measures, which in a switched fit spans two steps on average).
 
 The second table is the plain comparison: each round trains the pipeline once without and once with
 ``LoadGuard`` (``--steps`` steps), in alternating order, over the wall time and over step periods clipped
@@ -389,9 +390,8 @@ class _Alternate(Callback):
             self.fetch_timing.set(on)
 
     def figures(self) -> dict[str, float]:
-        """Microseconds per step: LoadGuard's cost on a plain step, on a logging step beyond that, and over
-        a run where it is always on (its logging steps come at the same cadence either way: all fall on
-        steps where it is on); and the step period without it.
+        """Microseconds per step: LoadGuard's cost on a plain step and on a logging step beyond that, and the
+        step period without it; and the share of the steps that logged (all fall on steps where it is on).
 
         Each period is capped at twice the median first (a step during which another process held the core
         lasts several periods); a logging step stays under the cap.
@@ -409,7 +409,6 @@ class _Alternate(Callback):
             "off": off * 1e6,
             "plain": plain * 1e6,
             "logging": logging * 1e6,
-            "cost": (plain + logging * logged) * 1e6,
             "logging steps": logged,
         }
 
@@ -476,12 +475,15 @@ def main() -> None:
     rows = []
     fits = max(1, args.rounds // 2)
     for workers in args.workers:
-        runs, zeros = [], []
+        runs, twins = [], []
         for _ in range(fits):
             runs.append(_alternated(args.paired_steps, workers))
-            zeros.append(_alternated(args.paired_steps, workers, switch=False)["plain"])
-        cost = [r["cost"] for r in runs]
-        ratio = [r["off"] / (r["off"] + r["cost"]) for r in runs]
+            twins.append(_alternated(args.paired_steps, workers, switch=False))
+        zeros = [twin["plain"] for twin in twins]
+        # How often LoadGuard logs is the twin's: switched off on random steps, it sees half the fetches, at
+        # twice the period, and paces its logging steps (LOGGING_SHARE) as for steps twice as long.
+        cost = [r["plain"] + r["logging"] * twin["logging steps"] for r, twin in zip(runs, twins, strict=True)]
+        ratio = [r["off"] / (r["off"] + c) for r, c in zip(runs, cost, strict=True)]
         rows.append(
             (
                 str(workers),

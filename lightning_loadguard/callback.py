@@ -22,7 +22,7 @@ from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.device import DeviceEvent, cuda_events
 from lightning_loadguard.meters.host import host_key
 from lightning_loadguard.meters.monitor import LoaderMonitor
-from lightning_loadguard.meters.ranks import RankFigures, rank_figures, single_rank_summary
+from lightning_loadguard.meters.ranks import RankFigures, RankSummary, rank_figures, single_rank_summary
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
@@ -67,7 +67,17 @@ HOOKED_INTERVAL_S = 0.02
 """Where ``HOOKED_EVERY`` steps take less than this, the hooks rest for as many steps as last this long (at the
 latest step's period): their cost per second of training stays bounded however short the steps."""
 
+LOGGING_SHARE = 0.002
+"""Where LoadGuard follows the trainer's logging cadence, its logging steps (the window, the diagnosis, the
+collective, the logs: about half a millisecond of CPU) take at most this share of the training's time: on
+steps so short that they would take more, it logs on every k-th of the trainer's logging steps, at the smallest
+k that keeps within it (paced by the costliest rank's latest logging step, the same on every rank), and on at
+least one in ``MAX_LOGGING_STRIDE``."""
+
+MAX_LOGGING_STRIDE = 8
+
 _HOOKS = ("on_train_batch_start", "on_train_batch_end")
+_NAN = float("nan")
 _FETCH_TIMING = "timing the training loop's fetch"
 _STEP_TIMING = "timing the training step"
 
@@ -168,6 +178,7 @@ class LoadGuard(_pl.Callback):
         self._measure_batch = True
         self._log_due = False
         self._every = 0  # steps between logging steps, known from on_train_start
+        self._logging_step_s = _NAN  # LoadGuard's CPU time on its latest logging step
         self._quiet_fetches = 0  # fetches until the per-step hooks run again (0: they run)
         self._own_hooks_overridden = any(getattr(type(self), h) is not getattr(LoadGuard, h) for h in _HOOKS)
         self._logged_step: int | None = None
@@ -491,6 +502,19 @@ class LoadGuard(_pl.Callback):
         .should_update_logs``): so does LoadGuard where it follows the trainer."""
         return self.log_every_n_steps is None and bool(self._every) and bool(trainer.should_stop)
 
+    def _pace_logging(self, trainer: Any, combined: RankSummary) -> None:
+        """The next logging steps, within ``LOGGING_SHARE`` of the training's time. From figures every rank
+        has alike (the combined ones): the ranks keep reaching the collective on the same steps."""
+        if self.log_every_n_steps is not None or not self._every:
+            return
+        metrics = combined.metrics
+        period_s = (metrics.get("loadguard/data_wait_ms", _NAN) + metrics.get("loadguard/step_ms", _NAN)) / 1e3
+        every = self._log_every(trainer)
+        if combined.logging_step_s > 0 and period_s > 0:
+            stride = math.ceil(combined.logging_step_s / (LOGGING_SHARE * period_s * every))
+            every *= min(max(1, stride), MAX_LOGGING_STRIDE)
+        self._every = every
+
     def _log_every(self, trainer: Any) -> int:
         """Steps between logging steps: the user's, else the trainer's but no fewer than half a window.
 
@@ -511,9 +535,17 @@ class LoadGuard(_pl.Callback):
 
         ``closing`` (default: where not logged): the run's last figures, spoken whatever the hysteresis holds.
         """
+        started = time.thread_time()
+        try:
+            self._publish_window(trainer, log, closing, step)
+        finally:
+            self._logging_step_s = time.thread_time() - started
+
+    def _publish_window(self, trainer: Any, log: bool, closing: bool | None, step: int | None) -> None:
         snapshot = self._guarded("building the measurement window", self._monitor.snapshot)
         figures = self._guarded("summarising the window", self._local_figures, snapshot) if snapshot else None
         figures = figures or {"host_key": self._host_key}
+        figures["logging_step_ms"] = self._logging_step_s * 1e3
         if trainer.world_size == 1:
             combined = self._guarded("combining the ranks' figures", single_rank_summary, figures)
         else:
@@ -528,6 +560,7 @@ class LoadGuard(_pl.Callback):
             )
         if combined is None:
             return
+        self._pace_logging(trainer, combined)
         self._monitor.processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:

@@ -24,6 +24,14 @@ def main(out_dir: str) -> None:
     # Rank 1 makes each batch in 20 ms with one worker; rank 0 in no time; the step takes 5 ms.
     dataset = ClockedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
     guard = LoadGuard(window=20, print_summary=False)
+    published: list[int] = []
+    publish = guard._publish
+
+    def recorded(trainer: object, *args: object, **kwargs: object) -> None:
+        published.append(trainer.global_step)  # type: ignore[attr-defined]
+        publish(trainer, *args, **kwargs)
+
+    guard._publish = recorded  # type: ignore[method-assign]
     # The run's own clocks: Lightning's profiler times each fetch, the module the loop (see pipelines.Observed).
     profiler = SimpleProfiler()
     module = ClockedModule(step_s=0.005)
@@ -36,6 +44,7 @@ def main(out_dir: str) -> None:
     assert snapshot is not None and guard.diagnosis is not None
     result = {
         "metrics": guard.metrics,
+        "published": published,
         "rank_wait_fractions": snapshot.rank_wait_fractions,
         "observed_wait_fraction": Observed.of(module, 1, guard.window).wait_fraction,
         "processes_on_host": snapshot.host.processes_on_host,

@@ -58,11 +58,17 @@ def _csv_rows(tmp_path: Path, log_every_n_steps: int, num_workers: int) -> list[
         return list(csv.DictReader(handle))
 
 
+@pytest.fixture
+def unpaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of a few milliseconds would be paced (``LOGGING_SHARE``): for tests of the cadence itself."""
+    monkeypatch.setattr("lightning_loadguard.callback.LOGGING_SHARE", math.inf)
+
+
 def _steps_with(rows: list[dict[str, str]], name: str) -> set[int]:
     return {int(r["step"]) for r in rows if r.get(name)}
 
 
-def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path) -> None:
+def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path, unpaced: None) -> None:
     rows = _csv_rows(tmp_path, log_every_n_steps=5, num_workers=1)
     assert _steps_with(rows, "loadguard/wait_fraction") == _steps_with(rows, "train_loss") == {4, 9, 14, 19}
     wait = [float(r["loadguard/wait_fraction"]) for r in rows if r.get("loadguard/wait_fraction")]
@@ -70,7 +76,7 @@ def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path) -> Non
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
 
 
-def test_a_trainer_logging_every_step_gets_the_window_every_half_window(tmp_path: Path) -> None:
+def test_a_trainer_logging_every_step_gets_the_window_every_half_window(tmp_path: Path, unpaced: None) -> None:
     rows = _csv_rows(tmp_path, log_every_n_steps=1, num_workers=0)
     assert _steps_with(rows, "train_loss") == set(range(20))
     # Each figure spans 10 steps: logged every 5, on Lightning's logging steps.
@@ -254,7 +260,7 @@ def _hooked_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_the_step_hooks_run_on_a_sample_of_steps_and_on_every_logging_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accumulate: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accumulate: int, unpaced: None
 ) -> None:
     from lightning_loadguard.callback import HOOKED_EVERY
 
@@ -278,6 +284,53 @@ def test_the_step_hooks_run_on_a_sample_of_steps_and_on_every_logging_step(
     assert len(set(hooked)) == len(hooked)
 
 
+class _Clock(Callback):
+    """The training's wall time, on a clock of its own."""
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.seconds = time.perf_counter() - self.started
+
+
+def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_training_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 ms steps, the trainer logging every 50: LoadGuard logs on every k-th of the trainer's logging steps,
+    so that its logging steps' CPU time (timed here) stays within ``LOGGING_SHARE`` of the training's wall time
+    (an independent clock)."""
+    from lightning_loadguard.callback import LOGGING_SHARE
+
+    spent: list[tuple[float, bool]] = []
+    publish = LoadGuard._publish
+
+    def timed(self: LoadGuard, trainer: Any, log: bool = True, **kwargs: Any) -> None:
+        started = time.thread_time()
+        try:
+            publish(self, trainer, log, **kwargs)
+        finally:
+            spent.append((time.thread_time() - started, log))
+
+    monkeypatch.setattr(LoadGuard, "_publish", timed)
+    clock = _Clock()
+    steps = 1500
+    trainer = quiet_trainer(
+        max_steps=steps, logger=CSVLogger(tmp_path), callbacks=[LoadGuard(print_summary=False), clock]
+    )
+    trainer.fit(_LoggingModule(step_s=0.001), timed_loader(TimedDataset(4 * steps), batch_size=4))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    ours, theirs = _steps_with(rows, "loadguard/wait_fraction"), _steps_with(rows, "train_loss")
+    assert ours <= theirs  # on the trainer's logging steps, so rows line up
+    assert 2 <= len(ours) <= len(theirs) / 2, (sorted(ours), spent)
+    # Paced from the third on: the first comes before any cost is known, the second with the first full
+    # window; the end of the epoch and of the fit add one each, unlogged. Each pause is sized by the previous
+    # logging step's cost, which varies by a factor of two or three from one to the next.
+    paced = [seconds for seconds, logged in spent[2:] if logged]
+    assert math.fsum(paced) <= 2 * LOGGING_SHARE * clock.seconds, (spent, clock.seconds)
+
+
 def test_on_short_steps_the_step_hooks_run_once_per_interval_not_once_per_few_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -285,15 +338,8 @@ def test_on_short_steps_the_step_hooks_run_once_per_interval_not_once_per_few_st
     the hooks run on about one step each interval of the training's own time (an independent clock)."""
     from lightning_loadguard.callback import HOOKED_EVERY, HOOKED_INTERVAL_S
 
-    class Clock(Callback):
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self.started = time.perf_counter()
-
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.seconds = time.perf_counter() - self.started
-
     hooked = _hooked_batches(monkeypatch)
-    clock = Clock()
+    clock = _Clock()
     steps = 400
     trainer = quiet_trainer(max_steps=steps, callbacks=[LoadGuard(window=100, log_every_n_steps=1000), clock])
     trainer.fit(TimedModule(step_s=0.0002, record=False), timed_loader(TimedDataset(4 * steps), batch_size=4))
@@ -339,14 +385,19 @@ class _TimedCopy(TimedModule):
 
 
 def test_the_copy_to_the_device_is_timed_on_a_sample_of_steps() -> None:
-    module = _TimedCopy(copy_s=0.003)
+    from lightning_loadguard.callback import HOOKED_EVERY, HOOKED_INTERVAL_S
+
+    copy_s = 0.003
+    module = _TimedCopy(copy_s=copy_s)
     guard = LoadGuard(window=40, print_summary=False)
     _trainer(guard).fit(module, timed_loader(TimedDataset(4 * 60), batch_size=4, num_workers=1))
     assert guard.snapshot is not None
     measured = guard.snapshot.transfer_s
     copies = module.copies[-len(measured) :]
     timed = [(t, c) for t, c in zip(measured, copies, strict=True) if not math.isnan(t)]
-    assert 40 // 4 - 1 <= len(timed) <= 40 // 2, measured
+    # Every HOOKED_EVERY-th step, or one step each HOOKED_INTERVAL_S: a step lasts at least its copy.
+    sparsest = max(HOOKED_EVERY, math.ceil(HOOKED_INTERVAL_S / copy_s))
+    assert 40 // sparsest - 1 <= len(timed) <= 40 // 2, measured
     # Each timed transfer holds the module's own copy, and little else (the median: a busy host may preempt
     # the loop in between on some step).
     assert all(t >= c for t, c in timed)
@@ -356,7 +407,7 @@ def test_the_copy_to_the_device_is_timed_on_a_sample_of_steps() -> None:
 
 @pytest.mark.parametrize("how", ["renamed", "failing"])
 def test_where_no_fetch_is_timed_the_hooks_run_on_every_step_and_every_logging_step_logs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, unpaced: None
 ) -> None:
     # The fetch timing wakes the resting hooks: a Lightning that names its fetch otherwise, or a fetch timing
     # that failed, must not leave them asleep (and the logs silent) for the rest of the run.

@@ -8,6 +8,7 @@ import os
 import pickle
 import time
 from statistics import fmean
+from typing import Any
 
 import pytest
 import torch
@@ -208,6 +209,28 @@ def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
     assert "loadguard/gpu_util" not in out.metrics
     with pytest.raises(ValueError, match="rank figures"):
         RankFigures().update({"no_such_figure": 1.0})
+
+
+def test_every_rank_paces_its_logging_by_the_costliest_ranks_logging_step() -> None:
+    """The cost travels with the figures and is reduced alike on every rank (the ranks must keep meeting in
+    the collective on the same steps); it is not a logged metric."""
+    rows = [{"host_key": 1.0, "logging_step_ms": cost} for cost in (0.4, 1.5, float("nan"))]
+    paced = []
+    for this_rank in range(3):
+        ranks = []
+        for values in rows:
+            figures = RankFigures()
+            figures.update(values)
+            ranks.append(figures)
+        streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
+
+        def gather(tensor: torch.Tensor, group: object = None, streams: list[Any] = streams) -> list[torch.Tensor]:
+            return [next(s) for s in streams]
+
+        paced.append(ranks[this_rank].summary(this_rank=this_rank, sync_fn=gather, world_size=3))
+    assert [out.logging_step_s for out in paced] == [pytest.approx(0.0015)] * 3
+    assert not any("logging_step" in name for name in paced[0].metrics)
+    assert RankFigures().summary().logging_step_s == 0.0  # before any logging step: not known
 
 
 def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> None:

@@ -43,8 +43,9 @@ WORST_RANK_FIELDS: tuple[str, ...] = (
 
 _HOST_FIELDS = ("host_key", "inflight_bytes", "host_available_mb", "shm_free_mb")
 
-FIELDS: tuple[str, ...] = (*WORST_RANK_FIELDS, "gpu_util", *_HOST_FIELDS)
-"""Every figure a rank contributes at a logging step."""
+FIELDS: tuple[str, ...] = (*WORST_RANK_FIELDS, "gpu_util", *_HOST_FIELDS, "logging_step_ms")
+"""Every figure a rank contributes at a logging step. ``logging_step_ms`` (LoadGuard's own CPU time on its
+previous logging step) is not logged: every rank paces its logging steps by the costliest rank's."""
 
 _NAN = float("nan")
 _FIELD_SET = frozenset(FIELDS)
@@ -60,6 +61,8 @@ class RankSummary:
     rank_wait_fractions: tuple[float, ...]
     inflight_host_bytes: float | None
     processes_on_host: int
+    logging_step_s: float = 0.0
+    """The costliest rank's CPU time on its previous logging step (0: not known yet); equal on every rank."""
 
 
 def rank_figures(snapshot: WindowSnapshot, host_key: float, gpu_util: float | None = None) -> dict[str, float]:
@@ -220,12 +223,14 @@ def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, 
         metrics["loadguard/worst_rank"] = float(worst)
     keys = ranks["host_key"]
     own_host = keys[min(this_rank, len(keys) - 1)]
+    costs = [value for value in ranks["logging_step_ms"] if not math.isnan(value)]
     return RankSummary(
         metrics=metrics,
         worst_rank=worst,
         rank_wait_fractions=tuple(float(w) for w in waits),
         inflight_host_bytes=inflight,
         processes_on_host=ranks_per_host.get(own_host, 1),
+        logging_step_s=max(costs) / 1e3 if costs else 0.0,
     )
 
 
