@@ -13,8 +13,7 @@ step's extra, their sum over a run, and the ratio of the step period without Loa
 it. It counts what timing LoadGuard's own functions cannot: the caches its code and data take from the
 step's, the work Lightning does for it. Beside each such fit runs one with the same draw in which nothing is
 switched (LoadGuard on for every step): its plain-step figure is what a cost of 0 reads, the instrument's
-own error on this machine, in the same run; and its share of logging steps is the run's (LoadGuard paces its
-logging by the step period it measures, which in a switched fit spans two steps on average).
+own error on this machine, in the same run.
 
 The second table is the plain comparison: each round trains the pipeline once without and once with
 ``LoadGuard`` (``--steps`` steps), in alternating order, over the wall time and over step periods clipped
@@ -315,7 +314,8 @@ class _Alternate(Callback):
     alike both ways. The steps are drawn at random, not alternated: a fixed pattern would line up with
     anything periodic in the loop (a garbage collection every other step reads as 8 us per step with
     nothing switched). Work in the worker processes (the producer meter there) runs on every batch, ahead
-    of the loop, and is not in these figures.
+    of the loop, and is not in these figures. The steps LoadGuard is off for are taken out of its figures,
+    so that it sees the period of a step as it is and paces its hooks and logging as in a plain fit.
     """
 
     def __init__(self, guard: LoadGuard, warmup: int, switch: bool = True) -> None:
@@ -352,6 +352,11 @@ class _Alternate(Callback):
         if self._last is not None and batch_idx > self.warmup:
             self.periods.append((now - self._last, self._on, self._logged))
             self.missed += self._expected != self._logged
+        if self._last is not None and self.switch and not self._on:
+            # LoadGuard did not see this step's fetch: to it, the step it last saw lasts until its next fetch.
+            # Taken out of that, as a validation run would be, it sees its steps' periods as they are, which
+            # set how often its hooks run and it logs (HOOKED_INTERVAL_S, LOGGING_SHARE).
+            self.guard._monitor.exclude(now - self._last)
         self._logged = False
         # In one epoch LoadGuard's logging step counter is the batch index (LoadGuard._should_log).
         after = batch_idx + 2
@@ -390,8 +395,9 @@ class _Alternate(Callback):
             self.fetch_timing.set(on)
 
     def figures(self) -> dict[str, float]:
-        """Microseconds per step: LoadGuard's cost on a plain step and on a logging step beyond that, and the
-        step period without it; and the share of the steps that logged (all fall on steps where it is on).
+        """Microseconds per step: LoadGuard's cost on a plain step, on a logging step beyond that, and over
+        a run where it is always on (its logging steps come at the cadence of such a run: all fall on steps
+        where it is on, and it sees its steps' periods as they are); and the step period without it.
 
         Each period is capped at twice the median first (a step during which another process held the core
         lasts several periods); a logging step stays under the cap.
@@ -409,6 +415,7 @@ class _Alternate(Callback):
             "off": off * 1e6,
             "plain": plain * 1e6,
             "logging": logging * 1e6,
+            "cost": (plain + logging * logged) * 1e6,
             "logging steps": logged,
         }
 
@@ -475,15 +482,12 @@ def main() -> None:
     rows = []
     fits = max(1, args.rounds // 2)
     for workers in args.workers:
-        runs, twins = [], []
+        runs, zeros = [], []
         for _ in range(fits):
             runs.append(_alternated(args.paired_steps, workers))
-            twins.append(_alternated(args.paired_steps, workers, switch=False))
-        zeros = [twin["plain"] for twin in twins]
-        # How often LoadGuard logs is the twin's: switched off on random steps, it sees half the fetches, at
-        # twice the period, and paces its logging steps (LOGGING_SHARE) as for steps twice as long.
-        cost = [r["plain"] + r["logging"] * twin["logging steps"] for r, twin in zip(runs, twins, strict=True)]
-        ratio = [r["off"] / (r["off"] + c) for r, c in zip(runs, cost, strict=True)]
+            zeros.append(_alternated(args.paired_steps, workers, switch=False)["plain"])
+        cost = [r["cost"] for r in runs]
+        ratio = [r["off"] / (r["off"] + r["cost"]) for r in runs]
         rows.append(
             (
                 str(workers),
