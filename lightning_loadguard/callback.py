@@ -75,6 +75,8 @@ k that keeps within it (paced by the costliest rank's latest logging step, the s
 least one in ``MAX_LOGGING_STRIDE``."""
 
 MAX_LOGGING_STRIDE = 8
+"""At most this many of the trainer's logging steps pass between two of LoadGuard's (when it follows the
+trainer): on the shortest steps its figures keep coming, at some cost over ``LOGGING_SHARE``."""
 
 _HOOKS = ("on_train_batch_start", "on_train_batch_end")
 _NAN = float("nan")
