@@ -326,9 +326,10 @@ def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_trainin
     assert 2 <= len(ours) <= len(theirs) / 2, (sorted(ours), spent)
     # Paced from the third on: the first comes before any cost is known, the second with the first full
     # window; the end of the epoch and of the fit add one each, unlogged. Each pause is sized by the previous
-    # logging step's cost, which varies by a factor of two or three from one to the next.
+    # logging step's cost, which varies by a factor of two or three from one to the next: one outlier, whose
+    # pause comes after it, may overrun its share.
     paced = [seconds for seconds, logged in spent[2:] if logged]
-    assert math.fsum(paced) <= 2 * LOGGING_SHARE * clock.seconds, (spent, clock.seconds)
+    assert math.fsum(paced) <= 2 * LOGGING_SHARE * clock.seconds + max(paced), (spent, clock.seconds)
 
 
 def test_on_short_steps_the_step_hooks_run_once_per_interval_not_once_per_few_steps(
