@@ -7,8 +7,8 @@ import multiprocessing
 import os
 import pickle
 import time
+from collections.abc import Callable
 from statistics import fmean
-from typing import Any
 
 import pytest
 import torch
@@ -189,6 +189,16 @@ def test_probe_refuses_what_it_cannot_instrument() -> None:
     assert "not a torch DataLoader" in instrument([1, 2, 3], probe)
 
 
+def _gathered_from(ranks: list[RankFigures]) -> Callable[..., list[torch.Tensor]]:
+    """A ``dist_sync_fn`` standing in for the collective: each call gathers the next state of every rank."""
+    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
+
+    def gather(tensor: torch.Tensor, group: object = None) -> list[torch.Tensor]:
+        return [next(stream) for stream in streams]
+
+    return gather
+
+
 def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
     def rank(wait: float, host: float, nbytes: float) -> RankFigures:
         values = dict.fromkeys(FIELDS, 1.0)
@@ -199,8 +209,7 @@ def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
         return figures
 
     ranks = [rank(0.1, 1, 2e6), rank(0.7, 1, 2e6), rank(0.2, 2, 1e6)]
-    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
-    out = ranks[0].summary(this_rank=0, sync_fn=lambda t, group=None: [next(s) for s in streams], world_size=3)
+    out = ranks[0].summary(this_rank=0, sync_fn=_gathered_from(ranks), world_size=3)
     assert out.worst_rank == 1
     assert out.metrics["loadguard/wait_fraction"] == 0.7
     assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
@@ -222,12 +231,7 @@ def test_every_rank_paces_its_logging_by_the_costliest_ranks_logging_step() -> N
             figures = RankFigures()
             figures.update(values)
             ranks.append(figures)
-        streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
-
-        def gather(tensor: torch.Tensor, group: object = None, streams: list[Any] = streams) -> list[torch.Tensor]:
-            return [next(s) for s in streams]
-
-        paced.append(ranks[this_rank].summary(this_rank=this_rank, sync_fn=gather, world_size=3))
+        paced.append(ranks[this_rank].summary(this_rank=this_rank, sync_fn=_gathered_from(ranks), world_size=3))
     assert [out.logging_step_s for out in paced] == [pytest.approx(0.0015)] * 3
     assert not any("logging_step" in name for name in paced[0].metrics)
     assert RankFigures().summary().logging_step_s == 0.0  # before any logging step: not known
@@ -241,8 +245,7 @@ def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> No
         figures = RankFigures()
         figures.update({"wait_fraction": host_wait, "device_data_idle_fraction": device_idle, "host_key": 7.0})
         ranks.append(figures)
-    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
-    out = ranks[0].summary(this_rank=0, sync_fn=lambda t, group=None: [next(s) for s in streams], world_size=2)
+    out = ranks[0].summary(this_rank=0, sync_fn=_gathered_from(ranks), world_size=2)
     assert out.worst_rank == 0 and out.rank_wait_fractions == (0.3, 0.02)
 
 
