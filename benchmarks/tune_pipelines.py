@@ -52,7 +52,7 @@ from lightning_loadguard.tuning.options import TuneOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CpuModule, JpegDataset, Stopwatch, make_jpegs
+from workloads import CountedDataset, CpuModule, JpegDataset, Stopwatch, make_jpegs
 
 Key = tuple[int, int | None]
 
@@ -107,9 +107,10 @@ def pipelines(jpeg_dir: Path) -> list[Pipeline]:
     ]
 
 
-def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) -> DataLoader:
+def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None, *, counted: bool = False) -> DataLoader:
+    dataset = pipeline.make_dataset(length * pipeline.batch_size)
     return timed_loader(
-        pipeline.make_dataset(length * pipeline.batch_size),
+        CountedDataset(dataset, workers) if counted else dataset,
         batch_size=pipeline.batch_size,
         num_workers=workers,
         prefetch_factor=prefetch,
@@ -119,14 +120,17 @@ def loader(pipeline: Pipeline, length: int, workers: int, prefetch: int | None) 
 
 def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     """Steps/s of the pipeline's Lightning fit without LoadGuard, after ``warmup`` steps and twice the batches
-    in flight (workers started, buffer settled: a buffer filled while the workers started would otherwise be
-    drained inside the measured steps, and a deep one would look faster than it runs): the run the tuner
-    tunes, with its loop's own CPU use beside the workers."""
+    in flight (workers started), held to the batches the workers finished over the measured steps (counted in
+    the dataset): a buffer filled while the loop started drains inside the measured steps where the loader is
+    slower than the step (over ``in flight / deficit`` steps: hundreds for a deep buffer and a small deficit),
+    and a deep one would look faster than it runs. The run the tuner tunes, with its loop's own CPU use beside
+    the workers."""
     workers, prefetch = key
     warmup += 2 * LoaderSettings(num_workers=workers, prefetch_factor=prefetch).batches_in_flight
-    watch = Stopwatch(warmup)
+    fed = loader(pipeline, steps + warmup, *key, counted=True)
+    watch = Stopwatch(warmup, counted=fed.dataset, batch_size=pipeline.batch_size)
     trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
-    trainer.fit(pipeline.module(), loader(pipeline, steps + warmup, *key))
+    trainer.fit(pipeline.module(), fed)
     return watch.rate
 
 
