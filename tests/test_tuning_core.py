@@ -447,12 +447,24 @@ def test_where_one_more_worker_is_slower_a_jump_finds_the_workers_that_win_the_c
     # A torch-threaded step (2.4 ms) on 2 cores and 16.6 ms of CPU per batch: 1 worker beside the step's
     # threads measured slower than loading in-process, 4 won enough of the cores to beat both (as measured by
     # benchmarks/tune_pipelines.py's cpu_transforms_torch_step: 55, 41 and 80 steps/s).
-    measure = {0: (55.0, 0.0024), 1: (41.0, 0.0024), 4: (80.0, 0.0035), 5: (78.0, 0.0036)}
+    measure = {0: (55.0, 0.0024), 1: (41.0, 0.0024), 4: (80.0, 0.0035), 2: (72.0, 0.003), 5: (78.0, 0.0036)}
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
     probed = _search(planner, measure, 0.0166)
-    assert probed[:3] == [0, 1, 4]
+    assert probed[:4] == [0, 1, 4, 2]  # and the count the jump passed over
     decision = planner.decide()
     assert decision.num_workers == 4 and decision.verdict == "improved"
+
+
+def test_the_count_a_jump_passed_over_is_measured_and_kept_where_it_is_faster() -> None:
+    # cpu_transforms_torch_step with the rates steady_rate measured side by side (sustained: held to the batches
+    # the workers finished): in-process 56, 1 worker 48, 2 workers 78, 4 workers 73 steps/s.
+    measure = {0: (56.0, 0.0017), 1: (48.0, 0.0030), 4: (73.0, 0.0035), 2: (78.0, 0.0032), 3: (71.0, 0.0034)}
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
+    probed = _search(planner, measure, 0.0166)
+    assert probed[:4] == [0, 1, 4, 2]
+    assert planner.results[3].note == "between 1 worker, slower, and the jump to 4: measured"
+    assert 5 not in probed  # 4 measured slower than 2: no more past it
+    assert planner.decide().num_workers == 2
 
 
 def test_a_jump_that_does_not_pay_keeps_the_best_measured() -> None:
@@ -551,7 +563,7 @@ def test_a_setting_its_first_window_could_not_tell_from_the_best_is_measured_aga
     proposal = planner.record(window(67.0, 0.0120, 0.031))
     while proposal is not None:
         assert proposal != LoaderSettings(4, 2)
-        proposal = planner.record(window(60.0, 0.0130, 0.031))
+        proposal = planner.record(window(50.0, 0.0130, 0.031))
     decision = planner.decide()
     assert decision.num_workers == 4 and decision.verdict == "improved"
     assert [c.setting.num_workers for c in decision.candidates[:4]] == [0, 1, 4, 4]

@@ -116,6 +116,7 @@ class Planner:
         self._bounds: set[str] = set()
         self._ran_out = False
         self._jumped = False
+        self._jumped_over: tuple[int, int] | None = None  # the counts a jump went from and to, until bisected
         self._confirmed = False
         self._again: set[LoaderSettings] = set()
         self._thrice = False
@@ -237,9 +238,7 @@ class Planner:
         if not any(s.num_workers < setting.num_workers for s in self.measurements):
             return None
         gained, noise = self._gained(setting, m)
-        steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
-        step_kept = not steps or m.mean_step_s <= min(steps) * (1 + STEP_SLOWDOWN)
-        margin = self.options.min_gain if step_kept else max(self.options.min_gain, noise)
+        margin = max(self.options.min_gain, noise) if self._step_slowed(m) else self.options.min_gain
         return None if gained >= margin else margin
 
     def _gained(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, float]:
@@ -295,7 +294,27 @@ class Planner:
         if proposal is None or self._tried(proposal.setting):
             return None
         self._jumped = True
+        self._jumped_over = (slower.num_workers, workers)
         return proposal
+
+    def _between_jumped(self, best: LoaderSettings) -> _Proposal | None:
+        """Once, where the jump's count is the best measured: the count halfway between it and the slower one
+        it jumped from, which the jump left unmeasured.
+
+        The jump's count is a guess at how many workers win the cores' share; beside a step whose threads
+        share the cores, fewer may win as much and leave the step more (as measured by
+        benchmarks/tune_pipelines.py's cpu_transforms_torch_step: 2 workers 78 steps/s, 4 workers 73).
+        """
+        if self._jumped_over is None:
+            return None
+        slower, jumped = self._jumped_over
+        self._jumped_over = None
+        middle = (slower + jumped) // 2
+        if best.num_workers != jumped or middle in (slower, jumped) or not self.budget.workers_verifiable(middle):
+            return None
+        note = f"between {_workers(slower)}, slower, and the jump to {jumped}: measured"
+        proposal = self._verified(best, middle, note)
+        return None if proposal is None or self._tried(proposal.setting) else proposal
 
     def _verified(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
         """``workers`` past the predicted core limit, at ``base``'s prefetch but at least 2 (the depth a new
@@ -309,10 +328,19 @@ class Planner:
     def _tried(self, setting: LoaderSettings) -> bool:
         return any(r.setting == setting for r in self.results)
 
-    def _consumer_rate(self) -> float:
-        # The shortest measured step is the loop's compute; longer ones include stalls behind contention.
+    def _fastest_step_s(self) -> float | None:
+        """The shortest measured step: the loop's own compute; longer ones include stalls behind contention."""
         steps = [m.mean_step_s for m in self.measurements.values() if m.mean_step_s > 0]
-        return 1.0 / min(steps) if steps else math.inf
+        return min(steps) if steps else None
+
+    def _step_slowed(self, m: WindowSnapshot) -> bool:
+        """Whether ``m``'s step took more than ``STEP_SLOWDOWN`` longer than the fastest measured step."""
+        fastest = self._fastest_step_s()
+        return fastest is not None and m.mean_step_s > fastest * (1 + STEP_SLOWDOWN)
+
+    def _consumer_rate(self) -> float:
+        fastest = self._fastest_step_s()
+        return 1.0 / fastest if fastest is not None else math.inf
 
     def _propose(self) -> _Proposal | None:
         base = self._baseline
@@ -444,6 +472,7 @@ class Planner:
         # A deeper buffer costs memory only; a worker past the predicted core limit may cost the step.
         return (
             self._deeper(best_setting, best_m, consumer)
+            or self._between_jumped(best_setting)
             or self._verify_more(best_setting, best_m, target)
             or self._pinning(best_setting)
         )
@@ -606,11 +635,11 @@ class Planner:
         if more:
             setting, m = min(more, key=lambda item: item[0].num_workers)
             chosen_m = self.measurements.get(chosen)
-            steps = [o.mean_step_s for o in self.measurements.values() if o.mean_step_s > 0]
-            if steps and m.mean_step_s > min(steps) * (1 + STEP_SLOWDOWN):
+            fastest = self._fastest_step_s()
+            if fastest is not None and self._step_slowed(m):
                 return (
                     f": {_workers(setting.num_workers)} slowed the step itself to {m.mean_step_s * 1e3:.3g} ms "
-                    f"(fastest {min(steps) * 1e3:.3g} ms)"
+                    f"(fastest {fastest * 1e3:.3g} ms)"
                 )
             if chosen_m is not None:
                 return (
