@@ -21,7 +21,8 @@ at twice their median. On a shared machine its ratios move by more than the 1 % 
 
 The third times LoadGuard's own code directly, in the same kind of run: every hook and profiler call it adds,
 the loader probe's own work around each fetch (the fetch itself excluded), the producer meter around each
-batch (in the main process with ``num_workers=0``, inside each worker otherwise), the logging steps and the
+batch inside each worker (with ``num_workers=0`` the profiler proxy's fetch timing times the making, and its
+row holds that; the producer meter's row only the fetches before it took over), the logging steps and the
 per-epoch iterator set-up, per step (see ``_OwnTime`` for how contention is kept out of the figures): where
 the time goes. Lightning's dispatch of LoadGuard's hooks is not in it, and each call is timed at its median:
 the sum is below the first table's cost.
@@ -308,9 +309,10 @@ class _Alternate(Callback):
     A fit's speed on a shared machine drifts by several percent from one fit to the next, far more than the
     1 % to be shown; the steps of one fit share that drift. Everything LoadGuard does in the main process on
     a step is switched per step: Lightning's dispatch of its two hooks (set to ``None``, which Lightning
-    skips), the trainer's profiler (the proxy or the user's own) and its fetch timing (the in-process
-    producer meter, or the loader probe around each fetch). Its logging steps are on. Placed last, this
-    callback's ``on_train_batch_end`` ends each period and sets the next step's state; the switching costs
+    skips), the trainer's profiler (the proxy or the user's own; the proxy's fetch timing also times the
+    making of an in-process batch) and, with workers, the loader probe around each fetch. Its logging steps
+    are on. Placed last, this callback's ``on_train_batch_end`` ends each period and sets the next step's
+    state; the switching costs
     alike both ways. The steps are drawn at random, not alternated: a fixed pattern would line up with
     anything periodic in the loop (a garbage collection every other step reads as 8 us per step with
     nothing switched). Work in the worker processes (the producer meter there) runs on every batch, ahead
@@ -421,23 +423,27 @@ class _Alternate(Callback):
 
 
 def _capture_fetch_timing(alternate: _Alternate, own: _OwnTime) -> None:
-    """Hands ``alternate`` the attribute that times each fetch, when LoadGuard sets it on the epoch's
-    iterator (loader probe) or on its in-process fetcher (producer meter)."""
+    """Hands ``alternate`` the attribute that times each fetch from workers, when LoadGuard sets it on the
+    epoch's iterator (loader probe). Without workers the loop's fetch timing, switched with the profiler, also
+    times the making (see :func:`_fetch_timing_found`)."""
     from lightning_loadguard.meters import loader_probe
 
     observe = loader_probe.LoaderProbe._observe
-    time_fetch = loader_probe.time_in_process_fetch
 
     def observing(probe: Any, iterator: Any) -> None:
         observe(probe, iterator)
         alternate.fetch_timing = _Switch(iterator, "_next_data")
 
-    def timing(fetcher: Any, *args: Any) -> None:
-        time_fetch(fetcher, *args)
-        alternate.fetch_timing = _Switch(fetcher, "fetch")
-
     own.patch(loader_probe.LoaderProbe, "_observe", observing)
-    own.patch(loader_probe, "time_in_process_fetch", timing)
+
+
+def _fetch_timing_found(alternate: _Alternate, guard: LoadGuard, workers: int) -> bool:
+    """Whether LoadGuard timed the fetches where :class:`_Alternate` switches them: the loader probe's
+    attribute, or without workers the profiler proxy alone (the making handed over to it: no timer left inside
+    torch's fetcher)."""
+    if workers > 0:
+        return alternate.fetch_timing is not None
+    return bool(guard._monitor._probe._loop_times_fetches)
 
 
 def _alternated(steps: int, workers: int, switch: bool = True) -> dict[str, float]:
@@ -451,7 +457,7 @@ def _alternated(steps: int, workers: int, switch: bool = True) -> dict[str, floa
         _train(steps, workers, [guard, alternate])
     finally:
         undo.restore()
-    if alternate.fetch_timing is None or alternate.missed:
+    if not _fetch_timing_found(alternate, guard, workers) or alternate.missed:
         raise RuntimeError("LoadGuard's fetch timing or logging steps are not where this benchmark expects them")
     return alternate.figures()
 

@@ -356,6 +356,7 @@ class LoadGuard(_pl.Callback):
         self._switch_off(_FETCH_TIMING, err)
         self._quiet_fetches = 0
         self._hooks_on()
+        self._guarded("timing the in-process fetch", self._monitor.fetch_timing_lost)
 
     def _add_dashboard(self, trainer: Any) -> None:
         if trainer.global_rank != 0:

@@ -140,6 +140,47 @@ def test_probe_meters_production_inside_workers_and_leaves_data_unchanged(num_wo
     assert type(loader) is DataLoader
 
 
+def test_without_workers_the_loops_fetch_timing_takes_over_timing_the_making() -> None:
+    # 2 ms of CPU per sample, 4 a batch: each batch costs the main thread 8 ms of CPU time.
+    dataset = TimedDataset(length=48, sample_s=0.002, spin=True)
+    expected = _drain(DataLoader(dataset, batch_size=4))
+    producer = ProducerMeter(window=64)
+    consumer = ConsumerMeter(window=64, core_wait_interval_s=0.0)
+
+    def in_process(counters: ProducerCounters | None) -> None:
+        consumer.produced = None if counters is None else lambda *fetch: counters.record(0, *fetch)
+
+    probe = LoaderProbe(
+        producer,
+        lambda s: None,
+        consumer.fetch_observed,
+        on_in_process=in_process,
+        fetch_open=lambda: consumer.fetch_open,
+    )
+    loader = DataLoader(dataset, batch_size=4)
+    assert instrument(loader, probe) is None
+    iterator = iter(loader)
+    fetcher = iterator._dataset_fetcher
+    got = [int(i) for i in next(iterator)[0]]  # outside any fetch of the loop: timed inside torch's fetcher
+    assert "fetch" in fetcher.__dict__ and consumer.produced is None
+    for _ in range(5):  # the loop's fetch timing around each: the first such fetch hands over
+        consumer.fetch_started(time.perf_counter())
+        got += [int(i) for i in next(iterator)[0]]
+        consumer.fetch_finished(time.perf_counter())
+    assert "fetch" not in fetcher.__dict__ and consumer.produced is not None
+    probe.fetch_timing_lost()  # the loop's timing stopped: timed inside the fetcher again
+    assert "fetch" in fetcher.__dict__ and consumer.produced is None
+    got += [int(i) for batch in iterator for i in batch[0]]
+    producer.poll()
+    assert got == expected
+    assert producer.total_batches == 12  # each batch timed once, by one of the two
+    cpu = [c for c in producer.cpu_durations() if c == c]
+    # What the samples burned: on each of the loop's fetches (read on every one here), a sample of the others.
+    assert len(cpu) >= 5 and min(cpu) >= 0.008 * 0.98
+    assert all(busy >= c for busy, c in zip(producer.durations(), producer.cpu_durations(), strict=True) if c == c)
+    restore(loader)
+
+
 def _probed(loader: DataLoader) -> list[tuple[bool | None, int | None, float]]:
     fetches: list[tuple[bool | None, int | None, float]] = []
     assert instrument(loader, LoaderProbe(ProducerMeter(8), lambda s: None, lambda *seen: fetches.append(seen))) is None

@@ -8,7 +8,9 @@ timestamps from its caller, so it is driven identically by a Trainer adapter and
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from lightning_loadguard.meters.producer import _queued_seconds
@@ -67,6 +69,11 @@ class ConsumerMeter:
         self.total_step_s = 0.0
         self.produced_on_demand = False
         """Whether each batch is made when asked for (``num_workers=0``): no fetch finds it made, none waits."""
+        self.produced: Callable[[float, float, float, float], None] | None = None
+        """Where each fetch makes its batch in this thread (``num_workers=0``), told of every fetch: its busy
+        time, its CPU and core-wait time on the fetches the core wait is read on (NaN on the others), and when it
+        ended. The fetch brackets the making: timed once here rather than again inside the loader."""
+        self._cpu_before = _NAN
 
     def fetch_started(self, now: float) -> None:
         """The loop asked for its next batch: this closes the previous step."""
@@ -91,18 +98,36 @@ class ConsumerMeter:
         if interval is not None and now >= self._next_core_wait:
             self._next_core_wait = now + interval
             self._queued_before = _queued_seconds()
+            if self.produced is not None:
+                self._cpu_before = time.thread_time()
 
     def fetch_finished(self, now: float) -> None:
         if self._fetch_start is None:
             return
-        self._wait = max(0.0, now - self._fetch_start - self._startup)
+        wait = now - self._fetch_start - self._startup
+        self._wait = wait = wait if wait > 0.0 else 0.0
         self._fetch_end = now
         before = self._queued_before
+        cpu = _NAN
         if before is not None:
             self._queued_before = None
+            if self.produced is not None:
+                cpu, self._cpu_before = time.thread_time() - self._cpu_before, _NAN
             after = _queued_seconds()
             if after is not None:
                 self._queued = max(0.0, after - before)
+        produced = self.produced
+        if produced is not None:
+            produced(wait, cpu, self._queued, now)
+
+    @property
+    def fetch_open(self) -> bool:
+        """Whether a fetch has started and not finished."""
+        return self._fetch_start is not None and self._fetch_end is None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is detached from the loader whose batches it was told of.
+        return {**self.__dict__, "produced": None}
 
     def fetch_observed(self, ready: bool | None, buffer_level: int | None, startup_s: float = 0.0) -> None:
         """What the loader knew at the moment of the fetch (from the producer side, if instrumented).

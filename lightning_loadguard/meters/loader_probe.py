@@ -66,6 +66,11 @@ class LoaderProbe:
             probe then measures nothing more); a warning by default.
         on_startup: called, before ``on_fetch``, with the seconds of the epoch's first fetch that went to
             waiting for the workers to start, when there were any.
+        on_in_process: where batches are made in this process (``num_workers=0``), called with the iterator's
+            counters once the loop's own fetch timing is seen around the making (``fetch_open``): from then on
+            the caller records each fetch there, and torch's fetcher runs unwrapped; called with ``None`` where
+            the probe times the making itself, or the workers do.
+        fetch_open: whether the loop's fetch timing has a fetch open now (asked from inside the making).
     """
 
     def __init__(
@@ -75,8 +80,14 @@ class LoaderProbe:
         on_fetch: Callable[[bool | None, int | None, float], None],
         on_error: Callable[[str, Exception], None] | None = None,
         on_startup: Callable[[float], None] | None = None,
+        on_in_process: Callable[[ProducerCounters | None], None] | None = None,
+        fetch_open: Callable[[], bool] | None = None,
     ) -> None:
         self.producer = producer
+        self.on_in_process = on_in_process
+        self.fetch_open = fetch_open
+        self._loop_times_fetches = False
+        self._in_process: ProducerCounters | None = None  # the latest iterator's counters, made in process
         self.on_epoch_start = on_epoch_start
         self.on_fetch = on_fetch
         self.on_startup = on_startup
@@ -87,7 +98,7 @@ class LoaderProbe:
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the loader: it knows no iterator.
-        return {**self.__dict__, "_iterator": None}
+        return {**self.__dict__, "_iterator": None, "_in_process": None}
 
     def worker_pids(self) -> list[int] | None:
         """Process ids of the latest iterator's workers ([] without workers), or ``None`` when unknown."""
@@ -103,6 +114,7 @@ class LoaderProbe:
         """The probe's own code raised: stop measuring, say so once; training goes on untouched."""
         if not self.failed:
             self.failed = True
+            self._tell_in_process(None)
             self.on_error(what, err)
 
     def make_iterator(self, loader: DataLoader, create: Callable[[], Any]) -> Any:
@@ -124,18 +136,56 @@ class LoaderProbe:
                 loader.worker_init_fn = user_init_fn
         try:
             self._iterator = weakref.ref(iterator)
+            self._in_process = counters if workers == 0 else None
             if workers == 0:
-                fetcher = getattr(iterator, "_dataset_fetcher", None)
-                if fetcher is not None:
-                    time_in_process_fetch(fetcher, counters, lambda err: self.fail("timing the in-process fetch", err))
                 # Each batch is made on demand: nothing is ever waiting, which the consumer knows without a peek.
+                self._time_in_process(iterator, counters)
             else:
+                self._tell_in_process(None)
                 iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
                 self._observe(iterator)
                 self._watch_resets(iterator)
         except Exception as err:
             self.fail("instrumenting the loader's iterator", err)
         return iterator
+
+    def _tell_in_process(self, counters: ProducerCounters | None) -> None:
+        if self.on_in_process is not None:
+            self.on_in_process(counters)
+
+    def _time_in_process(self, iterator: Any, counters: ProducerCounters) -> None:
+        """Time the batches an iterator without workers makes: inside torch's fetcher until a fetch is seen
+        open in the loop's fetch timing around it, then by that timing alone, which runs on every step anyway
+        (one timer instead of two; the fetcher unwrapped)."""
+        if self._loop_times_fetches:
+            self._tell_in_process(counters)
+            return
+        self._tell_in_process(None)
+        fetcher = getattr(iterator, "_dataset_fetcher", None)
+        if fetcher is None:
+            return
+        fetch_open = self.fetch_open
+
+        def hand_over() -> bool:
+            if fetch_open is None or self.failed or not fetch_open():
+                return False
+            self._loop_times_fetches = True
+            self._tell_in_process(counters)
+            return True
+
+        time_in_process_fetch(fetcher, counters, lambda err: self.fail("timing the in-process fetch", err), hand_over)
+
+    def fetch_timing_lost(self) -> None:
+        """The loop's fetches are no longer timed: the making in process is timed inside the fetcher again."""
+        self._loop_times_fetches = False
+        self._tell_in_process(None)
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None or self._in_process is None or self.failed:
+            return
+        try:
+            self._time_in_process(iterator, self._in_process)
+        except Exception as err:
+            self.fail("timing the in-process fetch", err)
 
     def clock(self) -> float | None:
         """Now, or ``None`` once the probe failed (reading the clock is the probe's own code too)."""

@@ -31,7 +31,7 @@ from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
 from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerMeter
+from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerCounters, ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 
@@ -96,7 +96,13 @@ class LoaderMonitor:
         self._producer = ProducerMeter(PRODUCER_WINDOWS * window)
         # The consumer hears of each fetch directly: the probe's call runs on every step.
         self._probe = LoaderProbe(
-            self._producer, self._epoch_started, self._consumer.fetch_observed, on_error, self._startup_observed
+            self._producer,
+            self._epoch_started,
+            self._consumer.fetch_observed,
+            on_error,
+            self._startup_observed,
+            self._in_process,
+            self._fetch_open,
         )
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._loader: Any = None
@@ -217,6 +223,19 @@ class LoaderMonitor:
             self._loader = None
         self.producer_instrumented = False
         self._consumer.produced_on_demand = False
+        self._consumer.produced = None
+
+    def _in_process(self, counters: ProducerCounters | None) -> None:
+        # Without workers the loop's fetch makes the batch: the consumer's timing of it is the production's.
+        self._consumer.produced = partial(counters.record, 0) if counters is not None else None
+
+    def _fetch_open(self) -> bool:
+        return self._consumer.fetch_open
+
+    def fetch_timing_lost(self) -> None:
+        """The loop's fetches are no longer timed (the adapter stopped calling :attr:`fetch_started`): a batch
+        made in process is timed inside the loader again."""
+        self._probe.fetch_timing_lost()
 
     def loader_changed(self, loader: Any) -> None:
         """The loader's settings changed in place: the windows start afresh for the new settings."""

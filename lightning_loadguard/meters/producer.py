@@ -3,7 +3,8 @@
 Each worker times every batch it makes (dataset access plus collate, the work torch's fetcher does) and
 writes the duration into a row of a shared-memory tensor that the main process reads. Idle time (a worker
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
-never waits. With ``num_workers=0`` the same meter times the in-process fetch.
+never waits. With ``num_workers=0`` the in-process fetch is timed the same way until the loop's own fetch
+timing, which runs anyway and brackets the making, takes over (``ConsumerMeter.produced``).
 
 Beside the busy time of a sample of the batches (one each ``SAMPLE_INTERVAL_S`` per producer) go their CPU
 time (the worker thread's own) and, on Linux, the time the thread sat runnable waiting for a core
@@ -233,9 +234,14 @@ class WorkerMeter:
 
 
 def time_in_process_fetch(
-    fetcher: Any, counters: ProducerCounters, on_error: Callable[[Exception], None] | None = None
+    fetcher: Any,
+    counters: ProducerCounters,
+    on_error: Callable[[Exception], None] | None = None,
+    hand_over: Callable[[], bool] | None = None,
 ) -> None:
-    """With ``num_workers=0`` the main process is the producer: time its fetcher instance.
+    """With ``num_workers=0`` the main process is the producer: time its fetcher instance, until ``hand_over()``
+    says, on some fetch, that the caller times it from now on (that fetch included): then the fetcher runs
+    unwrapped.
 
     The wrapper holds the fetcher weakly: a reference cycle would keep the loader's iterator (and its
     resources) alive until the cyclic garbage collector runs, at some arbitrary later step.
@@ -243,7 +249,24 @@ def time_in_process_fetch(
     fetch = type(fetcher).fetch
     owner = weakref.ref(fetcher)
     timed = _timed(lambda index: fetch(owner(), index), counters, 0, on_error)
-    fetcher.fetch = timed
+    if hand_over is None:
+        fetcher.fetch = timed
+        return
+
+    def timed_until_handed_over(index: Any) -> Any:
+        current = owner()
+        try:
+            handed = hand_over()
+        except Exception as err:
+            handed = False
+            if on_error is not None:
+                on_error(err)
+        if not handed:
+            return timed(index)
+        current.__dict__.pop("fetch", None)
+        return fetch(current, index)
+
+    fetcher.fetch = timed_until_handed_over
 
 
 def _ring_span(row: Any, base: int, first: int, end: int) -> list[float]:
