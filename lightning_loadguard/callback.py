@@ -67,7 +67,7 @@ HOOKED_INTERVAL_S = 0.02
 """Where ``HOOKED_EVERY`` steps take less than this, the hooks rest for as many steps as last this long (at the
 latest step's period): their cost per second of training stays bounded however short the steps."""
 
-LOGGING_SHARE = 0.002
+LOGGING_SHARE = 0.001
 """Where LoadGuard follows the trainer's logging cadence, its logging steps (the window, the diagnosis, the
 collective, the logs: about half a millisecond of CPU) take at most this share of the training's time: on
 steps so short that they would take more, it logs on every k-th of the trainer's logging steps, at the smallest
