@@ -51,7 +51,8 @@ class TuneOptions:
             budget holds with the warm-up (at least ``MIN_WINDOW`` and at most ``MAX_WINDOW``), so that one
             candidate fits even a short epoch and longer epochs get steadier windows.
         min_gain: a candidate replaces the user's settings only when measured at least this much faster
-            (relative), so run-to-run noise never passes for an improvement. In [0, 1].
+            (relative), and by more than the windows' own noise, so run-to-run noise never passes for an
+            improvement. In [0, 1].
         tune_persistent_workers: allow turning ``persistent_workers`` on when restarting workers each epoch
             costs a measurable share of the epoch. Every epoch's order stays the untuned run's; random
             draws made inside the workers continue across epochs instead of being reseeded (``False`` where

@@ -248,7 +248,7 @@ class Planner:
         if not fewer:
             return 0.0, 0.0
         rival = max(fewer, key=lambda o: o.sustained_rate)
-        noise = NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(rival))
+        noise = _noise(m, rival)
         return m.sustained_rate / rival.sustained_rate - 1, noise
 
     def _verify_more(self, best: LoaderSettings, best_m: WindowSnapshot, target: _Proposal | None) -> _Proposal | None:
@@ -378,7 +378,7 @@ class Planner:
                 return None
             note = _unpaid_note(m, best_m)
         else:
-            noise = NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(best_m))
+            noise = _noise(m, best_m)
             if m.sustained_rate < best_m.sustained_rate * (1 - noise):
                 return None
             note = (
@@ -411,10 +411,11 @@ class Planner:
         measured again.
 
         A setting that measured faster than the best but was not taken (past the predicted core limit, it
-        did not pay), or a best that measured faster than the user's settings by less than ``min_gain``: one
-        window of a few dozen steps on a busy host cannot separate them. The new window joins the first (the
-        setting is judged on both); where the setting still runs, its workers are started and its buffer is
-        full, so it costs only ``warmup_steps`` and a window.
+        did not pay), or a best that measured faster than the user's settings by less than ``min_gain`` or than
+        the windows' noise (:meth:`_beats_yours`): one window of a few dozen steps on a busy host cannot separate
+        them. The new window joins the first (the setting is judged on both); where the setting still runs, its
+        workers are started and its buffer is full, so it costs only ``warmup_steps`` and a window. A best
+        measured twice already gets its third window here, where the search has had none.
         """
         if self._confirmed:
             return None
@@ -426,13 +427,16 @@ class Planner:
         if unpaid:
             setting, m = max(unpaid, key=lambda item: item[1].sustained_rate)
             note = _unpaid_note(m, best_m)
-        elif (
-            best != self.original
-            and best not in self._again
-            and best_m.sustained_rate < base.sustained_rate * (1 + self.options.min_gain)
-        ):
+        elif best != self.original and not self._beats_yours(best_m, base):
+            gained = best_m.sustained_rate / base.sustained_rate - 1
+            if best in self._again:
+                if self._thrice or gained < self.options.min_gain:
+                    return None
+                self._confirmed = self._thrice = True
+                note = f"measured a third time: {gained:.0%} above your settings, within the windows' noise"
+                return _Proposal(best, note, verify=best.num_workers > self.budget.max_workers)
             setting, m = best, best_m
-            note = f"measured again: {m.sustained_rate / base.sustained_rate - 1:.0%} above your settings"
+            note = f"measured again: {gained:.0%} above your settings"
         else:
             return None
         self._confirmed = True
@@ -581,18 +585,49 @@ class Planner:
 
     # -- decision --------------------------------------------------------------------------------------
 
+    def _beats_yours(self, m: WindowSnapshot, base: WindowSnapshot) -> bool:
+        """Whether ``m`` measured faster than the user's settings by ``min_gain`` and by more than the two
+        windows' noise: a gain the windows cannot tell from noise is no reason to change a user's settings."""
+        margin = max(self.options.min_gain, _noise(m, base))
+        return m.sustained_rate >= base.sustained_rate * (1 + margin)
+
+    def _replacement(self, base: WindowSnapshot) -> tuple[LoaderSettings, WindowSnapshot, str]:
+        """The setting to replace the user's, and why it rather than a faster one; the user's own (with
+        ``base``) where none beats them (:meth:`_beats_yours`).
+
+        Of the settings that beat the user's (and paid past the predicted core limit), those the windows cannot
+        tell from the fastest are alike as measured: the one with the fewest batches in flight (then workers)
+        is kept, the one that costs the host least memory, processes and CPU.
+        """
+        winners = [
+            (s, m)
+            for s, m in self.measurements.items()
+            if s != self.original and self._paid(s, m) and self._beats_yours(m, base)
+        ]
+        if not winners:
+            return self.original, base, ""
+        fastest, fastest_m = max(winners, key=lambda item: item[1].sustained_rate)
+        top = fastest_m.sustained_rate
+        alike = [(s, m) for s, m in winners if m.sustained_rate >= top * (1 - _noise(m, fastest_m))]
+        chosen, chosen_m = min(alike, key=lambda item: (item[0].batches_in_flight, item[0].num_workers))
+        why = ""
+        if chosen != fastest:
+            why = (
+                f"; {fastest.label} measured {fastest_m.sustained_rate / chosen_m.sustained_rate - 1:.0%} faster, "
+                f"within the windows' noise ({_noise(chosen_m, fastest_m):.0%}), with more batches in flight"
+            )
+        return chosen, chosen_m, why
+
     def decide(self, *, startup_s: float | None = None, map_style: bool = True) -> TuneDecision:
-        """The setting to keep: the fastest measured one if it beats the user's by ``min_gain``."""
+        """The setting to keep: the user's, unless one measured faster by ``min_gain`` and by more than the
+        windows' noise (see :meth:`_replacement`)."""
         base = self._baseline
-        best = self._best()
-        if base is None or best is None:
+        if base is None or self._best() is None:
             return self._kept("not_tuned", "the user's setting could not be measured", None)
         before = base.sustained_rate
-        best_setting, best_m = best
-        chosen, after = self.original, before
-        if best_setting != self.original and best_m.sustained_rate >= before * (1 + self.options.min_gain):
-            chosen, after = best_setting, best_m.sustained_rate
-        deficit = _winnable(chosen, base if chosen == self.original else best_m)
+        chosen, chosen_m, why = self._replacement(base)
+        after = chosen_m.sustained_rate
+        deficit = _winnable(chosen, chosen_m)
         if deficit < WAIT_OK:
             deficit = 0.0
         bounded_by = self._bounded_by(chosen, deficit)
@@ -602,12 +637,13 @@ class Planner:
             else:
                 verdict = "no_gain"
                 reason = (
-                    f"no candidate measured at least {self.options.min_gain:.0%} faster; your settings are kept, "
-                    f"and {deficit:.0%} of the step rate is still lost to data wait"
+                    f"no candidate measured at least {self.options.min_gain:.0%} faster, and by more than the "
+                    f"windows' noise; your settings are kept, and {deficit:.0%} of the step rate is still lost to "
+                    "data wait"
                 )
         else:
             verdict = "improved"
-            reason = f"{after / before:.2f}x the steps/s of your settings"
+            reason = f"{after / before:.2f}x the steps/s of your settings{why}"
             if deficit > 0:
                 reason += f"; {deficit:.0%} of the step rate is still lost to data wait"
         if bounded_by and deficit > 0:
@@ -711,6 +747,12 @@ def _replayed_wait(m: WindowSnapshot, workers: int, prefetch: int) -> float:
         steps=REPLAY_MIN_STEPS,
         record_levels=False,
     ).wait_fraction
+
+
+def _noise(m: WindowSnapshot, other: WindowSnapshot) -> float:
+    """The relative difference of two windows' rates that they cannot tell from noise: ``NOISE_SIGMAS``
+    standard errors of the two together."""
+    return NOISE_SIGMAS * math.hypot(_rate_error(m), _rate_error(other))
 
 
 def _rate_error(m: WindowSnapshot) -> float:
