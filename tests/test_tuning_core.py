@@ -577,6 +577,8 @@ def test_of_settings_the_windows_cannot_tell_apart_the_fewest_batches_in_flight_
     assert {4, 6} <= {r.setting.num_workers for r in planner.results}, decision.table()
     assert decision.num_workers == 4 and decision.verdict == "improved", decision.table()
     assert "workers=6 prefetch=2 measured 1% faster, within the windows' noise" in decision.reason
+    assert "with more batches in flight" in decision.reason
+    assert "workers=6 prefetch=2 measured 1% faster, within the windows' noise" in decision.reason
 
 
 def test_a_window_slower_by_more_than_its_noise_is_not_measured_again() -> None:

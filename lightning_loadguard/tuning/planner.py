@@ -612,9 +612,10 @@ class Planner:
         chosen, chosen_m = min(alike, key=lambda item: (item[0].batches_in_flight, item[0].num_workers))
         why = ""
         if chosen != fastest:
+            more = "batches in flight" if fastest.batches_in_flight > chosen.batches_in_flight else "workers"
             why = (
                 f"; {fastest.label} measured {fastest_m.sustained_rate / chosen_m.sustained_rate - 1:.0%} faster, "
-                f"within the windows' noise ({_noise(chosen_m, fastest_m):.0%}), with more batches in flight"
+                f"within the windows' noise ({_noise(chosen_m, fastest_m):.0%}), with more {more}"
             )
         return chosen, chosen_m, why
 
