@@ -364,7 +364,8 @@ class Planner:
         Each window's noise is read from itself (the spread of its blocks' rates). On a host whose cores are
         shared by the step's threads and the workers, one window of a few dozen steps can read a good setting
         10 % low; measured again without a restart (its workers started, its buffer full) it costs
-        ``warmup_steps`` and a window, and it is judged on both windows.
+        ``warmup_steps`` and a window, and it is judged on both windows. Not a setting that, at the top of that
+        noise, would still not beat the user's settings by ``min_gain``: the budget goes to settings that could.
         """
         last = self.results[-1]
         setting = last.setting
@@ -381,6 +382,9 @@ class Planner:
             noise = _noise(m, best_m)
             if m.sustained_rate < best_m.sustained_rate * (1 - noise):
                 return None
+            base = self._baseline
+            if base is not None and m.sustained_rate * (1 + noise) < base.sustained_rate * (1 + self.options.min_gain):
+                return None  # however it read again, it would not replace the user's settings
             note = (
                 f"measured again: {1 - m.sustained_rate / best_m.sustained_rate:.0%} below the best, "
                 f"within the windows' noise ({noise:.0%})"
