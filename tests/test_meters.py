@@ -177,7 +177,9 @@ def test_without_workers_the_loops_fetch_timing_takes_over_timing_the_making() -
     cpu = [c for c in producer.cpu_durations() if c == c]
     # What the samples burned: on each of the loop's fetches (read on every one here), a sample of the others.
     assert len(cpu) >= 5 and min(cpu) >= 0.008 * 0.98
-    assert all(busy >= c for busy, c in zip(producer.durations(), producer.cpu_durations(), strict=True) if c == c)
+    # Within its own batch's busy time, less than the microseconds between the two clocks' reads.
+    pairs = [(busy, c) for busy, c in zip(producer.durations(), producer.cpu_durations(), strict=True) if c == c]
+    assert all(c <= busy + 50e-6 for busy, c in pairs), pairs
     restore(loader)
 
 
