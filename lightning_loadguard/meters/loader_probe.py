@@ -87,7 +87,7 @@ class LoaderProbe:
         self.on_in_process = on_in_process
         self.fetch_open = fetch_open
         self._loop_times_fetches = False
-        self._in_process: ProducerCounters | None = None  # the latest iterator's counters, made in process
+        self._in_process_counters: ProducerCounters | None = None  # the latest iterator's, made in process
         self.on_epoch_start = on_epoch_start
         self.on_fetch = on_fetch
         self.on_startup = on_startup
@@ -98,7 +98,7 @@ class LoaderProbe:
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the loader: it knows no iterator.
-        return {**self.__dict__, "_iterator": None, "_in_process": None}
+        return {**self.__dict__, "_iterator": None, "_in_process_counters": None}
 
     def worker_pids(self) -> list[int] | None:
         """Process ids of the latest iterator's workers ([] without workers), or ``None`` when unknown."""
@@ -136,7 +136,7 @@ class LoaderProbe:
                 loader.worker_init_fn = user_init_fn
         try:
             self._iterator = weakref.ref(iterator)
-            self._in_process = counters if workers == 0 else None
+            self._in_process_counters = counters if workers == 0 else None
             if workers == 0:
                 # Each batch is made on demand: nothing is ever waiting, which the consumer knows without a peek.
                 self._time_in_process(iterator, counters)
@@ -180,10 +180,11 @@ class LoaderProbe:
         self._loop_times_fetches = False
         self._tell_in_process(None)
         iterator = self._iterator() if self._iterator is not None else None
-        if iterator is None or self._in_process is None or self.failed:
+        counters = self._in_process_counters
+        if iterator is None or counters is None or self.failed:
             return
         try:
-            self._time_in_process(iterator, self._in_process)
+            self._time_in_process(iterator, counters)
         except Exception as err:
             self.fail("timing the in-process fetch", err)
 

@@ -236,8 +236,8 @@ class WorkerMeter:
 def time_in_process_fetch(
     fetcher: Any,
     counters: ProducerCounters,
-    on_error: Callable[[Exception], None] | None = None,
-    hand_over: Callable[[], bool] | None = None,
+    on_error: Callable[[Exception], None] | None,
+    hand_over: Callable[[], bool],
 ) -> None:
     """With ``num_workers=0`` the main process is the producer: time its fetcher instance, until ``hand_over()``
     says, on some fetch, that the caller times it from now on (that fetch included): then the fetcher runs
@@ -249,9 +249,6 @@ def time_in_process_fetch(
     fetch = type(fetcher).fetch
     owner = weakref.ref(fetcher)
     timed = _timed(lambda index: fetch(owner(), index), counters, 0, on_error)
-    if hand_over is None:
-        fetcher.fetch = timed
-        return
 
     def timed_until_handed_over(index: Any) -> Any:
         current = owner()
@@ -260,7 +257,8 @@ def time_in_process_fetch(
         except Exception as err:
             handed = False
             if on_error is not None:
-                on_error(err)
+                with contextlib.suppress(Exception):
+                    on_error(err)
         if not handed:
             return timed(index)
         current.__dict__.pop("fetch", None)
