@@ -90,6 +90,8 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
 
     monkeypatch.setattr(planner_module.Planner, "_search", two_workers_once)
     monkeypatch.setattr(planner_module.Planner, "_confirm", the_candidate_again)
+    # Whether 2 workers still wait 5 % of the time depends on the host's load: the search goes on either way.
+    monkeypatch.setattr(planner_module, "_winnable", lambda setting, m: 1.0)
     restarts: list[dict[str, Any]] = []
     restart = session_module.restart_iterator
 
