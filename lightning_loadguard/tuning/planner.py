@@ -403,11 +403,15 @@ class Planner:
             return None
         self._thrice = True
         note = f"measured a third time: {gained:.0%} faster than fewer workers, within their noise ({margin:.0%})"
-        return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
+        return self._once_more(setting, note)
 
     def _second_window(self, setting: LoaderSettings, note: str) -> _Proposal:
-        """``setting`` measured once more (never a third time); past the predicted core limit, as verified."""
+        """``setting`` measured once more (never a third time)."""
         self._again.add(setting)
+        return self._once_more(setting, note)
+
+    def _once_more(self, setting: LoaderSettings, note: str) -> _Proposal:
+        """``setting`` measured again while it runs; past the predicted core limit, as verified."""
         return _Proposal(setting, note, verify=setting.num_workers > self.budget.max_workers)
 
     def _confirm(self, best: LoaderSettings, best_m: WindowSnapshot, base: WindowSnapshot) -> _Proposal | None:
@@ -438,7 +442,7 @@ class Planner:
                     return None
                 self._confirmed = self._thrice = True
                 note = f"measured a third time: {gained:.0%} above your settings, within the windows' noise"
-                return _Proposal(best, note, verify=best.num_workers > self.budget.max_workers)
+                return self._once_more(best, note)
             setting, m = best, best_m
             note = f"measured again: {gained:.0%} above your settings"
         else:
@@ -627,7 +631,7 @@ class Planner:
         """The setting to keep: the user's, unless one measured faster by ``min_gain`` and by more than the
         windows' noise (see :meth:`_replacement`)."""
         base = self._baseline
-        if base is None or self._best() is None:
+        if base is None:
             return self._kept("not_tuned", "the user's setting could not be measured", None)
         before = base.sustained_rate
         chosen, chosen_m, why = self._replacement(base)
