@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from lightning_loadguard.meters.producer import _queued_seconds
@@ -27,6 +26,7 @@ class StepRecord(NamedTuple):
     ready: bool | None = None
     buffer_level: int | None = None
     queued_s: float = float("nan")  # of the wait, time the loop's thread waited for a core (NaN: not sampled)
+    cpu_s: float = float("nan")  # the loop thread's CPU time in the fetch, where it made the batch (NaN: not sampled)
 
 
 class ConsumerMeter:
@@ -69,11 +69,12 @@ class ConsumerMeter:
         self.total_step_s = 0.0
         self.produced_on_demand = False
         """Whether each batch is made when asked for (``num_workers=0``): no fetch finds it made, none waits."""
-        self.produced: Callable[[float, float, float, float], None] | None = None
-        """Where each fetch makes its batch in this thread (``num_workers=0``), told of every fetch: its busy
-        time, its CPU and core-wait time on the fetches the core wait is read on (NaN on the others), and when it
-        ended. The fetch brackets the making: timed once here rather than again inside the loader."""
+        self.made_here = False
+        """Whether each fetch makes its batch in this thread (``num_workers=0``) and is the making's only timer:
+        a step's wait is then its batch's busy time, and its CPU time is read with its core wait. A producer meter
+        reads the batches from the records (:meth:`ProducerMeter.made_by_loop`): nothing more per fetch."""
         self._cpu_before = _NAN
+        self._cpu = _NAN
 
     def fetch_started(self, now: float) -> None:
         """The loop asked for its next batch: this closes the previous step."""
@@ -82,7 +83,7 @@ class ConsumerMeter:
         if self._fetch_end is not None and wait is not None:
             step = now - self._fetch_end - self._excluded
             step = step if step > 0.0 else 0.0
-            self._records.append((wait, step, self._transfer, self._ready, self._level, self._queued))
+            self._records.append((wait, step, self._transfer, self._ready, self._level, self._queued, self._cpu))
             self.total_steps += 1
             self.total_wait_s += wait
             self.total_step_s += step
@@ -93,12 +94,12 @@ class ConsumerMeter:
         else:
             self._ready = self._level = None
         self._excluded = self._startup = 0.0
-        self._transfer = self._queued = _NAN
+        self._transfer = self._queued = self._cpu = _NAN
         interval = self.core_wait_interval_s
         if interval is not None and now >= self._next_core_wait:
             self._next_core_wait = now + interval
             self._queued_before = _queued_seconds()
-            if self.produced is not None:
+            if self.made_here:
                 self._cpu_before = time.thread_time()
 
     def fetch_finished(self, now: float) -> None:
@@ -108,26 +109,27 @@ class ConsumerMeter:
         self._wait = wait = wait if wait > 0.0 else 0.0
         self._fetch_end = now
         before = self._queued_before
-        cpu = _NAN
         if before is not None:
             self._queued_before = None
-            if self.produced is not None:
-                cpu, self._cpu_before = time.thread_time() - self._cpu_before, _NAN
+            if self.made_here:
+                self._cpu, self._cpu_before = time.thread_time() - self._cpu_before, _NAN
             after = _queued_seconds()
             if after is not None:
                 self._queued = max(0.0, after - before)
-        produced = self.produced
-        if produced is not None:
-            produced(wait, cpu, self._queued, now)
+
+    @property
+    def fetched(self) -> tuple[int, float]:
+        """Fetches finished in all and the seconds they waited: the closed steps', and the latest fetch's while
+        its step runs."""
+        wait = self._wait
+        if wait is None:
+            return self.total_steps, self.total_wait_s
+        return self.total_steps + 1, self.total_wait_s + wait
 
     @property
     def fetch_open(self) -> bool:
         """Whether a fetch has started and not finished."""
         return self._fetch_start is not None and self._fetch_end is None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy is detached from the loader whose batches it was told of.
-        return {**self.__dict__, "produced": None}
 
     def fetch_observed(self, ready: bool | None, buffer_level: int | None, startup_s: float = 0.0) -> None:
         """What the loader knew at the moment of the fetch (from the producer side, if instrumented).
@@ -176,7 +178,7 @@ class ConsumerMeter:
         """The window's (or its ``last`` steps') records field by field: a tuple of values per field."""
         records = list(self._records) if last is None else list(self._records)[len(self._records) - last :]
         if not records:
-            return StepRecord((), (), (), (), (), ())
+            return StepRecord((), (), (), (), (), (), ())
         return StepRecord._make(zip(*records, strict=True))
 
     def resize(self, window: int) -> None:

@@ -66,10 +66,10 @@ class LoaderProbe:
             probe then measures nothing more); a warning by default.
         on_startup: called, before ``on_fetch``, with the seconds of the epoch's first fetch that went to
             waiting for the workers to start, when there were any.
-        on_in_process: where batches are made in this process (``num_workers=0``), called with the iterator's
-            counters once the loop's own fetch timing is seen around the making (``fetch_open``): from then on
-            the caller records each fetch there, and torch's fetcher runs unwrapped; called with ``None`` where
-            the probe times the making itself, or the workers do.
+        on_in_process: where batches are made in this process (``num_workers=0``), called with ``True`` once
+            the loop's own fetch timing is seen around the making (``fetch_open``): from then on each of the
+            loop's fetches is a batch's making (:meth:`ProducerMeter.made_by_loop`), and torch's fetcher runs
+            unwrapped; called with ``False`` where the probe times the making itself, or the workers do.
         fetch_open: whether the loop's fetch timing has a fetch open now (asked from inside the making).
     """
 
@@ -80,7 +80,7 @@ class LoaderProbe:
         on_fetch: Callable[[bool | None, int | None, float], None],
         on_error: Callable[[str, Exception], None] | None = None,
         on_startup: Callable[[float], None] | None = None,
-        on_in_process: Callable[[ProducerCounters | None], None] | None = None,
+        on_in_process: Callable[[bool], None] | None = None,
         fetch_open: Callable[[], bool] | None = None,
     ) -> None:
         self.producer = producer
@@ -114,7 +114,7 @@ class LoaderProbe:
         """The probe's own code raised: stop measuring, say so once; training goes on untouched."""
         if not self.failed:
             self.failed = True
-            self._tell_in_process(None)
+            self._tell_in_process(False)
             self.on_error(what, err)
 
     def make_iterator(self, loader: DataLoader, create: Callable[[], Any]) -> Any:
@@ -141,7 +141,7 @@ class LoaderProbe:
                 # Each batch is made on demand: nothing is ever waiting, which the consumer knows without a peek.
                 self._time_in_process(iterator, counters)
             else:
-                self._tell_in_process(None)
+                self._tell_in_process(False)
                 iterator.__dict__[_LEDGER_ATTR] = _EpochLedger(counters, fresh=True)
                 self._observe(iterator)
                 self._watch_resets(iterator)
@@ -149,18 +149,18 @@ class LoaderProbe:
             self.fail("instrumenting the loader's iterator", err)
         return iterator
 
-    def _tell_in_process(self, counters: ProducerCounters | None) -> None:
+    def _tell_in_process(self, timed_by_loop: bool) -> None:
         if self.on_in_process is not None:
-            self.on_in_process(counters)
+            self.on_in_process(timed_by_loop)
 
     def _time_in_process(self, iterator: Any, counters: ProducerCounters) -> None:
         """Time the batches an iterator without workers makes: inside torch's fetcher until a fetch is seen
         open in the loop's fetch timing around it, then by that timing alone, which runs on every step anyway
         (one timer instead of two; the fetcher unwrapped)."""
         if self._loop_times_fetches:
-            self._tell_in_process(counters)
+            self._tell_in_process(True)
             return
-        self._tell_in_process(None)
+        self._tell_in_process(False)
         fetcher = getattr(iterator, "_dataset_fetcher", None)
         if fetcher is None:
             return
@@ -170,7 +170,7 @@ class LoaderProbe:
             if fetch_open is None or self.failed or not fetch_open():
                 return False
             self._loop_times_fetches = True
-            self._tell_in_process(counters)
+            self._tell_in_process(True)
             return True
 
         time_in_process_fetch(fetcher, counters, lambda err: self.fail("timing the in-process fetch", err), hand_over)
@@ -178,7 +178,7 @@ class LoaderProbe:
     def fetch_timing_lost(self) -> None:
         """The loop's fetches are no longer timed: the making in process is timed inside the fetcher again."""
         self._loop_times_fetches = False
-        self._tell_in_process(None)
+        self._tell_in_process(False)
         iterator = self._iterator() if self._iterator is not None else None
         counters = self._in_process_counters
         if iterator is None or counters is None or self.failed:

@@ -31,7 +31,7 @@ from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
 from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
-from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerCounters, ProducerMeter
+from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 
@@ -51,11 +51,13 @@ a step, with the kernel's caches cold from the step, costs several microseconds,
 
 @dataclass(frozen=True)
 class WindowMark:
-    """Where a window began: the time, the steps completed and the batches made by then."""
+    """Where a window began: the time, the steps completed, the batches made by then and the batches the
+    producer meter's window had taken in by then."""
 
     at: float
     steps: int
     batches: int
+    entered: int = 0
 
 
 class LoaderMonitor:
@@ -223,11 +225,12 @@ class LoaderMonitor:
             self._loader = None
         self.producer_instrumented = False
         self._consumer.produced_on_demand = False
-        self._consumer.produced = None
+        self._in_process(False)
 
-    def _in_process(self, counters: ProducerCounters | None) -> None:
+    def _in_process(self, timed_by_loop: bool) -> None:
         # Without workers the loop's fetch makes the batch: the consumer's timing of it is the production's.
-        self._consumer.produced = partial(counters.record, 0) if counters is not None else None
+        self._consumer.made_here = timed_by_loop
+        self._producer.made_by_loop(self._consumer if timed_by_loop else None)
 
     def _fetch_open(self) -> bool:
         return self._consumer.fetch_open
@@ -275,7 +278,8 @@ class LoaderMonitor:
     def mark(self) -> WindowMark:
         """The start of a window for :meth:`snapshot` ``(since=...)``."""
         self._producer.poll()
-        return WindowMark(time.perf_counter(), self._consumer.total_steps, self._producer.total_batches)
+        producer = self._producer
+        return WindowMark(time.perf_counter(), self._consumer.total_steps, producer.total_batches, producer.entered)
 
     def snapshot(self, since: WindowMark | None = None) -> WindowSnapshot:
         """This process's measurements: over the rolling window, or over the steps completed since ``since``.
@@ -294,7 +298,7 @@ class LoaderMonitor:
         made: int | None = None
         if since is not None:
             made = producer.total_batches - since.batches
-            keep = len(durations) - min(len(durations), max(0, made))
+            keep = len(durations) - min(len(durations), max(0, producer.entered - since.entered))
             durations, cpu, queued = durations[keep:], cpu[keep:], queued[keep:]
         device = self._device_records()
         if since is None:

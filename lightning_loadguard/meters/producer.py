@@ -4,7 +4,8 @@ Each worker times every batch it makes (dataset access plus collate, the work to
 writes the duration into a row of a shared-memory tensor that the main process reads. Idle time (a worker
 blocked because the buffer is full) is never counted, so the capacity is right also when the consumer
 never waits. With ``num_workers=0`` the in-process fetch is timed the same way until the loop's own fetch
-timing, which runs anyway and brackets the making, takes over (``ConsumerMeter.produced``).
+timing, which runs anyway and brackets the making, takes over: the consumer meter's step records are then the
+batches' records (:meth:`ProducerMeter.made_by_loop`), and nothing more runs per fetch.
 
 Beside the busy time of a sample of the batches (one each ``SAMPLE_INTERVAL_S`` per producer) go their CPU
 time (the worker thread's own) and, on Linux, the time the thread sat runnable waiting for a core
@@ -30,9 +31,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning_loadguard.meters.consumer import ConsumerMeter
 
 _RING = 256
 _HEADER = 3
@@ -303,6 +307,12 @@ class ProducerMeter:
         self.num_workers = 0
         self.total_batches = 0
         self.total_busy_s = 0.0
+        self.entered = 0
+        """Batches entered into the window in all: fewer than :attr:`total_batches` where some were made
+        between two polls further apart than the counters' ring or the loop's window."""
+        self._loop: ConsumerMeter | None = None
+        self._loop_fetched = self._loop_recorded = 0
+        self._loop_wait_s = 0.0
 
     def resize(self, window: int) -> None:
         """Keep the latest ``window`` batches from now on."""
@@ -330,8 +340,45 @@ class ProducerMeter:
         self.num_workers = num_workers
         return self._counters
 
+    def made_by_loop(self, consumer: ConsumerMeter | None) -> None:
+        """From now on (``None``: no longer) each fetch ``consumer`` times is a batch made in this process, its
+        wait the batch's busy time: the loop's fetch makes it (``num_workers=0``) and no timer inside the loader
+        runs any more.
+
+        Read on :meth:`poll`: every fetch finished goes into the totals; the closed steps' waits, the latest up
+        to the consumer's window, into this window (all of them where polled at least once a window).
+        """
+        self._take_from_loop()
+        self._loop = consumer
+        if consumer is not None:
+            self._loop_fetched, self._loop_wait_s = consumer.fetched
+            self._loop_recorded = self._loop_fetched
+
+    def _take_from_loop(self) -> None:
+        consumer = self._loop
+        if consumer is None:
+            return
+        fetched, waited = consumer.fetched
+        if fetched > self._loop_fetched:
+            self.total_batches += fetched - self._loop_fetched
+            self.total_busy_s += waited - self._loop_wait_s
+            self._loop_fetched, self._loop_wait_s = fetched, waited
+        new = consumer.total_steps - self._loop_recorded
+        if new > 0:
+            steps = consumer.columns(min(new, consumer.window_steps))
+            self.entered += len(steps.wait_s)
+            self._durations.extend(steps.wait_s)
+            self._cpu.extend(steps.cpu_s)
+            self._queued.extend(steps.queued_s)
+            self._loop_recorded = consumer.total_steps
+
     def poll(self) -> None:
-        """Move newly written durations from the counters into the window."""
+        """Move newly written durations from the counters (and the loop's fetches, :meth:`made_by_loop`) into
+        the window."""
+        self._poll_counters()
+        self._take_from_loop()  # after the counters: their batches were made before the loop took over
+
+    def _poll_counters(self) -> None:
         counters = self._counters
         if counters is None:
             return
@@ -351,6 +398,7 @@ class ProducerMeter:
             self.total_batches += new
             self._seen[row] = count
         fresh.sort()
+        self.entered += len(fresh)
         self._durations.extend(entry[1] for entry in fresh)
         self._cpu.extend(entry[2] for entry in fresh)
         self._queued.extend(entry[3] for entry in fresh)
