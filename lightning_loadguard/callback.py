@@ -63,11 +63,11 @@ cost more, on short steps, than the fetch timing that measures the data wait; th
 on this sample of steps. With an accelerator's timeline, or while the tuner probes, both run on every step;
 where batches accumulate, the start hook runs more often near a logging step (see ``LoadGuard._rest_hooks``)."""
 
-HOOKED_INTERVAL_S = 0.02
+HOOKED_INTERVAL_S = 0.05
 """Where ``HOOKED_EVERY`` steps take less than this, the hooks rest for as many steps as last this long (at the
 latest step's period): their cost per second of training stays bounded however short the steps."""
 
-LOGGING_SHARE = 0.001
+LOGGING_SHARE = 0.0005
 """Where LoadGuard follows the trainer's logging cadence, its logging steps (the window, the diagnosis, the
 collective, the logs: about half a millisecond of CPU) take at most this share of the training's time: on
 steps so short that they would take more, it logs on every k-th of the trainer's logging steps, at the smallest
@@ -323,14 +323,15 @@ class LoadGuard(_pl.Callback):
         for hook in _HOOKS:
             self.__dict__.pop(hook, None)
 
-    def _rest_hooks(self, trainer: Any) -> None:
+    def _rest_hooks(self, step: int) -> None:
         """Leave the per-step hooks off until the next step that needs them (``HOOKED_EVERY``,
         ``HOOKED_INTERVAL_S``).
 
         Lightning calls a callback's hook only where it is callable, and reads it afresh on every step; the
         fetch timing, which runs on every step, counts the fetches and puts them back. Counted in fetches,
         the next logging step is never passed: the logging step counter moves at most once per fetch (once
-        per optimizer step where batches accumulate, so there the hooks come back early).
+        per optimizer step where batches accumulate, so there the hooks come back early). ``step`` is the
+        logging step counter of this step, plus one.
         """
         if self._monitor.on_device_timeline or (self._tuner is not None and self._tuner.every_step):
             return
@@ -338,7 +339,6 @@ class LoadGuard(_pl.Callback):
             return  # a subclass's own per-step hook runs on every step, as it expects
         if self._monitor.total_steps == 0 or _FETCH_TIMING in self._switched_off:
             return  # no fetch is timed (yet, or any more): nothing would wake them
-        step = _pl.log_step(trainer) + 1
         fetches = HOOKED_EVERY
         period = self._monitor.last_period_s
         if period * HOOKED_EVERY < HOOKED_INTERVAL_S and period > 0:
@@ -396,13 +396,14 @@ class LoadGuard(_pl.Callback):
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
         # Decided once per step: Lightning's logging step counter moves only after on_train_batch_end.
-        self._log_due = self._should_log(trainer)
+        step = _pl.log_step(trainer) + 1
+        self._log_due = self._should_log(trainer, step)
         if self._measure_batch or self._log_due:
             self._measure_batch = False
             self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
         elif not self._stopping(trainer):
             # Nothing for on_train_batch_end to do on this step: it rests from now on, unless the step needs it.
-            self._guarded("resting the per-step hooks", self._rest_hooks, trainer)
+            self._guarded("resting the per-step hooks", self._rest_hooks, step)
 
     @override
     def on_train_batch_end(
@@ -419,7 +420,7 @@ class LoadGuard(_pl.Callback):
             self._publish(trainer)
         if self._tuner is not None:
             self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
-        self._guarded("resting the per-step hooks", self._rest_hooks, trainer)
+        self._guarded("resting the per-step hooks", self._rest_hooks, _pl.log_step(trainer) + 1)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -494,8 +495,7 @@ class LoadGuard(_pl.Callback):
 
     # -- figures ---------------------------------------------------------------------------------------
 
-    def _should_log(self, trainer: Any) -> bool:
-        step = _pl.log_step(trainer) + 1
+    def _should_log(self, trainer: Any, step: int) -> bool:
         if step == self.window:
             return True  # the first full window, early in a run whatever the logging cadence
         return (bool(self._every) and step % self._every == 0) or self._stopping(trainer)
