@@ -89,13 +89,21 @@ class FetchTimingProfiler:
                 self._fail(err)
 
     def stop(self, action_name: str) -> None:
+        now = None
         if (_fetch_actions.get(action_name) or _is_fetch(action_name)) and self._on_fetch_stop is not None:
             try:
-                self._on_fetch_stop(time.perf_counter())
+                now = time.perf_counter()
             except Exception as err:
                 self._fail(err)
+        # The user's profiler ends the fetch right after this clock: what LoadGuard does with the reading (a
+        # sampled system call among it, where a busy host may take the core) is not the fetch's.
         if self._delegate:
             self._inner.stop(action_name)
+        if now is not None:
+            try:
+                self._on_fetch_stop(now)  # type: ignore[misc]
+            except Exception as err:
+                self._fail(err)
 
     def _fail(self, err: Exception) -> None:
         object.__setattr__(self, "_on_fetch_start", None)
