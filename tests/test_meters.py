@@ -188,6 +188,36 @@ def test_without_workers_the_loops_fetch_timing_takes_over_timing_the_making() -
     restore(loader)
 
 
+def test_without_workers_each_of_the_loops_fetches_is_a_batch_made() -> None:
+    # Known waits on a synthetic clock: the truth is what was fed, not what either meter computed.
+    consumer = ConsumerMeter(window=4)
+    producer = ProducerMeter(window=16)
+    producer.attach(num_workers=0)
+    now = 0.0
+    consumer.fetch_started(now)
+    consumer.fetch_finished(now + 0.5)  # open when the loop takes over: made (and counted) before
+    producer.made_by_loop(consumer)
+    waits = [0.01 * (k + 1) for k in range(10)]
+    for wait in waits:
+        now += 1.0
+        consumer.fetch_started(now)
+        consumer.fetch_finished(now + wait)
+    producer.poll()
+    # Every fetch counts once it has its batch; the window takes the closed steps, up to the consumer's window.
+    assert producer.total_batches == 10 and producer.total_busy_s == pytest.approx(sum(waits))
+    assert producer.durations() == pytest.approx(waits[5:9]) and producer.entered == 4
+    consumer.close_step(now + 1.0)
+    producer.poll()
+    assert producer.durations() == pytest.approx(waits[5:]) and producer.entered == 5
+    assert producer.total_batches == 10
+    producer.made_by_loop(None)  # the loader times its making again: the loop's fetches are no longer batches
+    consumer.fetch_started(now + 2.0)
+    consumer.fetch_finished(now + 2.5)
+    consumer.close_step(now + 3.0)
+    producer.poll()
+    assert producer.total_batches == 10 and producer.entered == 5
+
+
 def _probed(loader: DataLoader) -> list[tuple[bool | None, int | None, float]]:
     fetches: list[tuple[bool | None, int | None, float]] = []
     assert instrument(loader, LoaderProbe(ProducerMeter(8), lambda s: None, lambda *seen: fetches.append(seen))) is None

@@ -277,8 +277,8 @@ class LoaderMonitor:
 
     def mark(self) -> WindowMark:
         """The start of a window for :meth:`snapshot` ``(since=...)``."""
-        self._producer.poll()
         producer = self._producer
+        producer.poll()
         return WindowMark(time.perf_counter(), self._consumer.total_steps, producer.total_batches, producer.entered)
 
     def snapshot(self, since: WindowMark | None = None) -> WindowSnapshot:
