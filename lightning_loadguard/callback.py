@@ -447,6 +447,11 @@ class LoadGuard(_pl.Callback):
         stopped_at = _pl.log_step(trainer) - 1
         log = self._stopping(trainer) and self._logged_step != stopped_at
         self._publish(trainer, log=log, closing=True, step=stopped_at)
+        if trainer.world_size > 1:
+            # The closing gather can be the run's last collective: a rank that leaves it and exits while another
+            # still receives its part aborts that one at exit (ddp_spawn on gloo: "terminate called without an
+            # active exception", and the parent's fit raises). All ranks leave together.
+            self._guarded("ending the closing collective", trainer.strategy.barrier, "loadguard_closing")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
