@@ -25,10 +25,12 @@ def main(out_dir: str) -> None:
     dataset = ClockedDataset(length=240, sample_s=0.005 if rank == 1 else 0.0)
     guard = LoadGuard(window=20, print_summary=False)
     published: list[int] = []
+    events: list[str] = []
     publish = guard._publish
 
     def recorded(trainer: object, *args: object, **kwargs: object) -> None:
         published.append(trainer.global_step)  # type: ignore[attr-defined]
+        events.append("publish")
         publish(trainer, *args, **kwargs)
 
     guard._publish = recorded  # type: ignore[method-assign]
@@ -38,6 +40,13 @@ def main(out_dir: str) -> None:
     trainer = quiet_trainer(
         strategy="ddp", devices=2, max_epochs=1, callbacks=[guard], log_every_n_steps=10, profiler=profiler
     )
+    barrier = trainer.strategy.barrier
+
+    def recorded_barrier(name: str | None = None) -> None:
+        events.append(f"barrier {name}")
+        barrier(name)
+
+    trainer.strategy.barrier = recorded_barrier  # type: ignore[method-assign]
     trainer.fit(module, timed_loader(dataset, batch_size=4, num_workers=1, collate_fn=clocked_collate))
     module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     snapshot = guard.snapshot
@@ -45,6 +54,7 @@ def main(out_dir: str) -> None:
     result = {
         "metrics": guard.metrics,
         "published": published,
+        "after_closing": events[len(events) - events[::-1].index("publish") :],
         "rank_wait_fractions": snapshot.rank_wait_fractions,
         "observed_wait_fraction": Observed.of(module, 1, guard.window).wait_fraction,
         "processes_on_host": snapshot.host.processes_on_host,

@@ -36,6 +36,9 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
         assert result["processes_on_host"] == 2
     # The ranks publish (and meet in its collective) on the same steps, however each paces its logging.
     assert ranks[0]["published"] == ranks[1]["published"] and len(ranks[0]["published"]) >= 2
+    # No rank leaves the closing gather before every rank finished it: one that exits while another still
+    # receives its part aborts that one at exit.
+    assert all("barrier loadguard_closing" in result["after_closing"] for result in ranks), ranks[0]["after_closing"]
     rank0 = ranks[0]
     assert rank0["metrics"]["loadguard/wait_fraction"] == pytest.approx(observed[worst], **tolerance)
     # One worker, prefetch 2: two batches in flight per rank, two ranks on this host.
