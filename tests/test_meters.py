@@ -148,7 +148,6 @@ def test_without_workers_the_loops_fetch_timing_takes_over_timing_the_making() -
     consumer = ConsumerMeter(window=64, core_wait_interval_s=0.0)
 
     def in_process(timed_by_loop: bool) -> None:
-        consumer.made_here = timed_by_loop
         producer.made_by_loop(consumer if timed_by_loop else None)
 
     probe = LoaderProbe(

@@ -71,8 +71,8 @@ class ConsumerMeter:
         """Whether each batch is made when asked for (``num_workers=0``): no fetch finds it made, none waits."""
         self.made_here = False
         """Whether each fetch makes its batch in this thread (``num_workers=0``) and is the making's only timer:
-        a step's wait is then its batch's busy time, and its CPU time is read with its core wait. A producer meter
-        reads the batches from the records (:meth:`ProducerMeter.made_by_loop`): nothing more per fetch."""
+        a step's wait is then its batch's busy time, and its CPU time is read with its core wait. Set by the producer
+        meter that reads the batches from the records (:meth:`ProducerMeter.made_by_loop`): nothing more per fetch."""
         self._cpu_before = _NAN
         self._cpu = _NAN
 

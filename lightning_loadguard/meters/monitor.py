@@ -57,7 +57,7 @@ class WindowMark:
     at: float
     steps: int
     batches: int
-    entered: int = 0
+    entered: int
 
 
 class LoaderMonitor:
@@ -229,7 +229,6 @@ class LoaderMonitor:
 
     def _in_process(self, timed_by_loop: bool) -> None:
         # Without workers the loop's fetch makes the batch: the consumer's timing of it is the production's.
-        self._consumer.made_here = timed_by_loop
         self._producer.made_by_loop(self._consumer if timed_by_loop else None)
 
     def _fetch_open(self) -> bool:

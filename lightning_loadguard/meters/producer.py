@@ -343,14 +343,18 @@ class ProducerMeter:
     def made_by_loop(self, consumer: ConsumerMeter | None) -> None:
         """From now on (``None``: no longer) each fetch ``consumer`` times is a batch made in this process, its
         wait the batch's busy time: the loop's fetch makes it (``num_workers=0``) and no timer inside the loader
-        runs any more.
+        runs any more. The consumer is told (``ConsumerMeter.made_here``): it then reads each sampled fetch's
+        CPU time.
 
         Read on :meth:`poll`: every fetch finished goes into the totals; the closed steps' waits, the latest up
         to the consumer's window, into this window (all of them where polled at least once a window).
         """
         self._take_from_loop()
+        if self._loop is not None:
+            self._loop.made_here = False
         self._loop = consumer
         if consumer is not None:
+            consumer.made_here = True
             self._loop_fetched, self._loop_wait_s = consumer.fetched
             self._loop_recorded = self._loop_fetched
 
@@ -366,10 +370,7 @@ class ProducerMeter:
         new = consumer.total_steps - self._loop_recorded
         if new > 0:
             steps = consumer.columns(min(new, consumer.window_steps))
-            self.entered += len(steps.wait_s)
-            self._durations.extend(steps.wait_s)
-            self._cpu.extend(steps.cpu_s)
-            self._queued.extend(steps.queued_s)
+            self._enter(steps.wait_s, steps.cpu_s, steps.queued_s)
             self._loop_recorded = consumer.total_steps
 
     def poll(self) -> None:
@@ -398,10 +399,16 @@ class ProducerMeter:
             self.total_batches += new
             self._seen[row] = count
         fresh.sort()
-        self.entered += len(fresh)
-        self._durations.extend(entry[1] for entry in fresh)
-        self._cpu.extend(entry[2] for entry in fresh)
-        self._queued.extend(entry[3] for entry in fresh)
+        if fresh:
+            _, durations, cpu, queued = zip(*fresh, strict=True)
+            self._enter(durations, cpu, queued)
+
+    def _enter(self, durations: tuple[float, ...], cpu: tuple[float, ...], queued: tuple[float, ...]) -> None:
+        """Batches into the window, oldest first: their busy, CPU and core-wait times."""
+        self.entered += len(durations)
+        self._durations.extend(durations)
+        self._cpu.extend(cpu)
+        self._queued.extend(queued)
 
     def durations(self) -> tuple[float, ...]:
         return tuple(self._durations)
