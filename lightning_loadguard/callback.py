@@ -397,11 +397,11 @@ class LoadGuard(_pl.Callback):
                 self._switch_off(_STEP_TIMING, err)
         # Decided once per step: Lightning's logging step counter moves only after on_train_batch_end.
         step = _pl.log_step(trainer) + 1
-        self._log_due = self._should_log(trainer, step)
+        self._log_due = self._should_log(step)
         if self._measure_batch or self._log_due:
             self._measure_batch = False
             self._guarded("measuring the batch size in bytes", self._monitor.measure_batch, batch)
-        elif not self._stopping(trainer):
+        else:
             # Nothing for on_train_batch_end to do on this step: it rests from now on, unless the step needs it.
             self._guarded("resting the per-step hooks", self._rest_hooks, step)
 
@@ -415,7 +415,7 @@ class LoadGuard(_pl.Callback):
                 self._monitor.step_ended()
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
-        if self._log_due or self._stopping(trainer):
+        if self._log_due:
             self._log_due = False
             self._publish(trainer)
         if self._tuner is not None:
@@ -500,10 +500,12 @@ class LoadGuard(_pl.Callback):
 
     # -- figures ---------------------------------------------------------------------------------------
 
-    def _should_log(self, trainer: Any, step: int) -> bool:
+    def _should_log(self, step: int) -> bool:
         if step == self.window:
             return True  # the first full window, early in a run whatever the logging cadence
-        return (bool(self._every) and step % self._every == 0) or self._stopping(trainer)
+        # Not the step training was told to stop on: the ranks' hooks may rest differently there, and a publish
+        # on one rank only would leave the ranks' collectives unpaired. on_train_end logs that step.
+        return bool(self._every) and step % self._every == 0
 
     def _stopping(self, trainer: Any) -> bool:
         """Lightning also logs the step on which training was told to stop (``_LoggerConnector
@@ -521,6 +523,11 @@ class LoadGuard(_pl.Callback):
         if combined.logging_step_s > 0 and period_s > 0:
             stride = math.ceil(combined.logging_step_s / (LOGGING_SHARE * period_s * every))
             every *= min(max(1, stride), MAX_LOGGING_STRIDE)
+        if every != self._every and self._quiet_fetches:
+            # A rest was counted to the old cadence's next logging step, and its length to this rank's own step
+            # period: the new cadence's may come first, and the ranks would no longer meet on the same steps.
+            self._quiet_fetches = 0
+            self._hooks_on()
         self._every = every
 
     def _log_every(self, trainer: Any) -> int:

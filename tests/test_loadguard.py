@@ -284,6 +284,36 @@ def test_the_step_hooks_run_on_a_sample_of_steps_and_on_every_logging_step(
     assert len(set(hooked)) == len(hooked)
 
 
+def test_a_cadence_changed_while_the_hooks_rest_wakes_them_for_its_next_logging_step(
+    monkeypatch: pytest.MonkeyPatch, unpaced: None
+) -> None:
+    # Under DDP every rank publishes (and meets the others in its collective) on the same steps, while each
+    # rank rests its hooks for a span its own step period sets. The epoch's closing figures can change the
+    # cadence while the hooks rest: a rank with short steps must not sleep through the new cadence's first
+    # logging step while a rank with long steps (no rest) logs it; the ranks' collectives would no longer pair.
+    from lightning_loadguard import _lightning
+
+    def cadence(self: LoadGuard, trainer: Any) -> int:
+        return 10 if _lightning.log_step(trainer) < 20 else 6
+
+    monkeypatch.setattr(LoadGuard, "_log_every", cadence)
+    logged: list[int] = []
+    publish = LoadGuard._publish
+
+    def recorded(self: LoadGuard, trainer: Any, log: bool = True, **kwargs: Any) -> None:
+        if log:
+            logged.append(_lightning.log_step(trainer) + 1)
+        publish(self, trainer, log, **kwargs)
+
+    monkeypatch.setattr(LoadGuard, "_publish", recorded)
+    guard = LoadGuard(window=4, print_summary=False)
+    # 20 steps of about 1 ms an epoch: the hooks rest up to the next logging step, 10 steps at the epoch's end.
+    _trainer(guard, max_epochs=2).fit(
+        TimedModule(step_s=0.001, record=False), timed_loader(TimedDataset(80), batch_size=4)
+    )
+    assert logged == [4, 10, 20, 24, 30, 36]
+
+
 class _Clock(Callback):
     """The training's wall time, on a clock of its own."""
 
@@ -367,6 +397,38 @@ def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
     assert 7 not in hooked  # the step that stopped training ran without LoadGuard's hooks
     assert _steps_with(rows, "train_loss") == {7}  # Lightning logs the step training was told to stop on
     assert _steps_with(rows, "loadguard/wait_fraction") == {7}
+
+
+def test_a_stop_publishes_on_the_same_steps_whether_the_hooks_rested_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under DDP the ranks are told to stop on the same step, but each rank's hooks rest for its own span: the
+    # figures published (each a collective) must not depend on which rank's hooks were awake.
+    from lightning_loadguard import _lightning
+
+    class StopsAt(TimedModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 6:
+                self.trainer.should_stop = True
+            return super().training_step(batch, batch_idx)
+
+    def published(rest: bool) -> list[tuple[int, bool]]:
+        calls: list[tuple[int, bool]] = []
+        publish = LoadGuard._publish
+
+        def recorded(self: LoadGuard, trainer: Any, log: bool = True, **kwargs: Any) -> None:
+            calls.append((_lightning.log_step(trainer), log))
+            publish(self, trainer, log, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(LoadGuard, "_publish", recorded)
+            if not rest:
+                patch.setattr(LoadGuard, "_rest_hooks", lambda self, step: None)
+            guard = LoadGuard(window=4, print_summary=False)
+            _trainer(guard, log_every_n_steps=50).fit(
+                StopsAt(step_s=0.0005, record=False), timed_loader(TimedDataset(80), batch_size=4)
+            )
+        return calls
+
+    assert published(rest=True) == published(rest=False) == [(3, True), (7, False), (7, True)]
 
 
 class _TimedCopy(TimedModule):
