@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from programs import run_program
 
 from lightning_loadguard.model.diagnosis import STRAGGLER_GAP
 
 
 def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     script = Path(__file__).with_name("ddp_loadguard_script.py")
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=tmp_path
-    )
+    done = run_program([script, tmp_path], timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # Each rank's wait against its own clocks (fetches timed by Lightning's profiler, the loop by the module).

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from programs import run_program
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _run(name: str, *args: str, cwd: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args], cwd=cwd, capture_output=True, text=True, timeout=180
-    )
+    done = run_program([EXAMPLES / name, *args], cwd=cwd, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from programs import run_program
 
 CHAIN = Path(__file__).with_name("resume_chain.py")
 # 20 samples, batch 4: 5 batches an epoch; global step 5 is epoch 0's last batch, 10 epoch 1's.
@@ -125,14 +124,7 @@ def _run_chains(tmp: Path, names: set[str]) -> dict[str, Any]:
     scenarios.write_text(json.dumps([s for s in SCENARIOS if s["name"] in names]))
     out = tmp / "results.json"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(CHAIN), str(scenarios), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=CHAIN.parent,
-    )
+    proc = run_program([CHAIN, scenarios, out], timeout=600, env=env, cwd=CHAIN.parent)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results: dict[str, Any] = json.loads(out.read_text())
     results["_stderr"] = proc.stderr

@@ -6,11 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from programs import run_program
 from resume_harness import run
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -23,14 +23,7 @@ DDP = {"devices": 2, "strategy": "ddp"}
 
 def _spawn(case: dict[str, Any], log: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, str(HARNESS), json.dumps(dict(case, log=str(log)))],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=HARNESS.parent,
-    )
+    return run_program([HARNESS, json.dumps(dict(case, log=str(log)))], timeout=timeout, env=env, cwd=HARNESS.parent)
 
 
 def _read(log: Path, rank: int) -> list[int]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from programs import run_program
 from torch.utils.data import DistributedSampler
 
 SCRIPT = Path(__file__).with_name("tuning_ddp_script.py")
@@ -23,14 +22,7 @@ def _expected(rank: int, epoch: int) -> list[int]:
 def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        cwd=SCRIPT.parent,
-    )
+    proc = run_program([SCRIPT, out], timeout=180, env=env, cwd=SCRIPT.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
     decisions = [r["decision"] for r in ranks]
