@@ -257,6 +257,24 @@ def test_a_wait_the_measured_times_do_not_explain_gets_workers_not_a_deeper_buff
     assert proposal is not None and (proposal.num_workers, proposal.prefetch) == (3, 2), planner.current_note
 
 
+def test_a_wait_for_batches_already_made_gets_no_more_workers() -> None:
+    # 4 workers make a batch in 16 ms each (250 batches/s) for a loop that runs 190 steps/s at most, yet it
+    # waits 13 % of its time: on batches already waiting when fetched, i.e. for the hand-over from the
+    # workers. No further worker shortens that; the same wait on batches not yet made asks for one more.
+    def measured(ready: bool) -> WindowSnapshot:
+        steps = FAST.window_steps
+        assert steps is not None
+        return replace(window(165.0, 0.0053, 0.016), ready=(ready,) * steps)
+
+    for ready, more in ((True, False), (False, True)):
+        planner = Planner(LoaderSettings(0), HostBudget(8, "cores"), FAST, epoch_steps=600)
+        assert planner.record(window(47.0, 0.0053, 0.016)) == LoaderSettings(4, 2)
+        proposal = planner.record(measured(ready))
+        assert (proposal is not None and proposal.num_workers == 5) is more, planner.current_note
+        decision = planner.decide() if proposal is None else None
+        assert decision is None or decision.setting == LoaderSettings(4, 2)
+
+
 def test_a_setting_measured_again_is_judged_on_both_windows() -> None:
     # 3 workers measured 2.5 % above 2 (past the predicted core limit, short of the 5 % that pays), then
     # 6 %: the lucky second window alone would pay; both together (4 %) do not.
