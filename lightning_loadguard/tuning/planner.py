@@ -609,9 +609,13 @@ class Planner:
         """The setting to replace the user's, and why it rather than a faster one; the user's own (with
         ``base``) where none beats them (:meth:`_beats_yours`).
 
-        Of the settings that beat the user's (and paid past the predicted core limit), those the windows cannot
-        tell from the fastest are alike as measured: the one with the fewest batches in flight (then workers)
-        is kept, the one that costs the host least memory, processes and CPU.
+        Of the settings that beat the user's (and paid past the predicted core limit), those the fastest did not
+        measure faster than by ``min_gain`` and by more than the windows' noise are alike as measured: the one
+        with the fewest batches in flight (then workers) is kept, the one that costs the host least memory,
+        processes and CPU. Never one the fastest beat by ``min_gain`` or more, however noisy the windows: the
+        measured difference is still the best estimate of what the cheaper one would lose (bursty, where
+        bursts swing the windows' blocks: 2 workers 15 % below 5 in windows whose noise read 15 %, and 25 %
+        below the grid's best in the steady state).
         """
         winners = [
             (s, m)
@@ -622,14 +626,19 @@ class Planner:
             return self.original, base, ""
         fastest, fastest_m = max(winners, key=lambda item: item[1].sustained_rate)
         top = fastest_m.sustained_rate
-        alike = [(s, m) for s, m in winners if m.sustained_rate >= top * (1 - _noise(m, fastest_m))]
+        alike = [
+            (s, m)
+            for s, m in winners
+            if top <= m.sustained_rate * (1 + min(self.options.min_gain, _noise(m, fastest_m)))
+        ]
         chosen, chosen_m = min(alike, key=lambda item: (item[0].batches_in_flight, item[0].num_workers))
         why = ""
         if chosen != fastest:
             more = "batches in flight" if fastest.batches_in_flight > chosen.batches_in_flight else "workers"
             why = (
-                f"; {fastest.label} measured {fastest_m.sustained_rate / chosen_m.sustained_rate - 1:.0%} faster, "
-                f"within the windows' noise ({_noise(chosen_m, fastest_m):.0%}), with more {more}"
+                f"; {fastest.label} measured {top / chosen_m.sustained_rate - 1:.0%} faster, within the windows' "
+                f"noise ({_noise(chosen_m, fastest_m):.0%}) and less than {self.options.min_gain:.0%}, "
+                f"with more {more}"
             )
         return chosen, chosen_m, why
 
