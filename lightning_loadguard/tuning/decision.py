@@ -125,10 +125,11 @@ class TuneDecision:
             lines.append(f"{c.setting.label + chosen:<36} {rate:>9} {producer:>13} {c.steps:>6}  {note}")
         lines.append("-" * 80)
         lines.append(f"decision: {self.setting.label} ({self.verdict}); {self.reason}")
-        probed = len(self.candidates) - 1 if self.candidates else 0
+        probed = sum(not c.setting.same_loader(self.original) for c in self.candidates)
+        free = "your settings' rows are free" if len(self.candidates) - probed > 1 else "your settings' row is free"
         lines.append(
             f"probe cost: {self.probe_steps} steps in the {probed} probed row{'' if probed == 1 else 's'} "
-            f"(your settings' row is free), of {self.probe_budget_steps} allowed; {self.probe_cost_s:.2f} s "
+            f"({free}), of {self.probe_budget_steps} allowed; {self.probe_cost_s:.2f} s "
             "more than running those steps at the chosen setting's rate"
         )
         return "\n".join(lines)

@@ -120,6 +120,7 @@ class Planner:
         self._confirmed = False
         self._again: set[LoaderSettings] = set()
         self._thrice = False
+        self._reference: WindowSnapshot | None = None  # the user's settings measured again, after the candidates
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
 
@@ -153,7 +154,9 @@ class Planner:
         if setting != self.original:
             self.probe_steps += self.steps_for(setting)
             self.probe_time_s += window.loop_s
-        if not failed:
+        if not failed and setting == self.original and setting in self.measurements:
+            self._reference = window
+        elif not failed:
             earlier = self.measurements.get(setting)
             # Measured again: one window of a few dozen steps is noisy, two together half as much (per root).
             self.measurements[setting] = window if earlier is None else earlier.joined(window)
@@ -173,7 +176,8 @@ class Planner:
             self._bounds.add(broken)
             return None
         again = proposal.setting == setting
-        if self.probe_steps + self.steps_for(proposal.setting, continuing=again) > self.budget_steps:
+        probing = proposal.setting != self.original  # the user's own settings cost the run nothing
+        if probing and self.probe_steps + self.steps_for(proposal.setting, continuing=again) > self.budget_steps:
             self._ran_out = True
             return None
         if proposal.bound:
@@ -189,7 +193,7 @@ class Planner:
         while it runs (``continuing``; by default whether it is :attr:`current` and :attr:`continuing`) has
         started its workers and filled its buffer: ``warmup_steps``."""
         running = (self.continuing and setting == self.current) if continuing is None else continuing
-        if setting == self.original or running:
+        if (setting == self.original and setting not in self.measurements) or running:
             return self.options.warmup_steps
         fill = max(self.options.warmup_steps, setting.batches_in_flight)
         return min(fill, longest_probe(self.options, self.window_steps) - self.window_steps)
@@ -211,7 +215,12 @@ class Planner:
 
     @property
     def _baseline(self) -> WindowSnapshot | None:
-        return self.measurements.get(self.original)
+        """The user's settings as a candidate must beat them: where they were measured again after the
+        candidates (:meth:`_reference_again`), the faster of their two windows."""
+        first = self.measurements.get(self.original)
+        if first is None or self._reference is None:
+            return first
+        return max(first, self._reference, key=lambda m: m.sustained_rate)
 
     def _best(self) -> tuple[LoaderSettings, WindowSnapshot] | None:
         """The fastest measured setting; past the predicted core limit only one that paid (see
@@ -345,8 +354,8 @@ class Planner:
     def _propose(self) -> _Proposal | None:
         base = self._baseline
         best = self._best()
-        if base is None or best is None:
-            return None
+        if base is None or best is None or self._reference is not None:
+            return None  # the user's settings measured again are the last window: the decision is made on them
         best_setting, best_m = best
         if _winnable(best_setting, best_m) < WAIT_OK:
             return self._pinning(best_setting)
@@ -354,7 +363,29 @@ class Planner:
             self._measure_again(best_setting, best_m)
             or self._search(best_setting, best_m)
             or self._confirm(best_setting, best_m, base)
+            or self._reference_again(base)
         )
+
+    def _reference_again(self, base: WindowSnapshot) -> _Proposal | None:
+        """Once, where the search is over and a candidate would replace the user's settings: the user's settings
+        measured again, after every candidate.
+
+        The windows of one run drift: the same setting, in 28-step windows along 200 steps without LoadGuard,
+        read 125 steps/s first and 137 last (``cpu_transforms``), 53 and 56 (``jpeg_cnn``). Measured first, the
+        user's settings would be judged on the run's slowest stretch, and a candidate measured later could gain
+        by its place alone (``jpeg_cnn``: 4 workers measured 12 % above in-process, and ran 13 % below it in the
+        steady state). Judged on the faster of their two windows, the user's settings lose no such comparison
+        by where they were measured. Running them costs no probe steps: the run would have run them anyway.
+        """
+        if self._reference is not None or self._tried_again(self.original):
+            return None
+        chosen, _, _ = self._replacement(base)
+        if chosen == self.original:
+            return None
+        return _Proposal(self.original, "your settings again, after the candidates: the run's windows drift")
+
+    def _tried_again(self, setting: LoaderSettings) -> bool:
+        return sum(r.setting == setting for r in self.results) > 1
 
     def _measure_again(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         """The setting just measured, once more while it still runs, where its window could not tell it from
