@@ -226,10 +226,10 @@ def main() -> None:
         print(
             f"| {name} | {rate[(0, None)]:.1f} | {rate[(suggestion, 2)]:.1f} "
             f"| {rate[best_key]:.1f} ({label(best_key)}) "
-            f"| {rate[tuned_key]:.1f} ({label(tuned_key)}) | {ratio:.2f} | {' '.join(f'{x:.2f}' for x in held_out)} "
+            f"| {rate[tuned_key]:.1f} ({label(tuned_key)}) | {ratio:.3f} | {' '.join(f'{x:.3f}' for x in held_out)} "
             f"| {rate[tuned_key] / rate[best_key]:.2f} | {verdict} | {probe} | {cost} |"
         )
-    print(f"\nworst tuned / grid best, held out: {worst:.2f} (goal >= 0.95)")
+    print(f"\nworst tuned / grid best, held out: {worst:.3f} (goal >= 0.95)")
     for name, *_, decision in rows:
         if decision is not None:
             print(f"\n{name}:\n{decision.table()}")

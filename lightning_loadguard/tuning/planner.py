@@ -377,15 +377,10 @@ class Planner:
         steady state). Judged on the faster of their two windows, the user's settings lose no such comparison
         by where they were measured. Running them costs no probe steps: the run would have run them anyway.
         """
-        if self._reference is not None or self._tried_again(self.original):
-            return None
         chosen, _, _ = self._replacement(base)
         if chosen == self.original:
             return None
         return _Proposal(self.original, "your settings again, after the candidates: the run's windows drift")
-
-    def _tried_again(self, setting: LoaderSettings) -> bool:
-        return sum(r.setting == setting for r in self.results) > 1
 
     def _measure_again(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         """The setting just measured, once more while it still runs, where its window could not tell it from
