@@ -294,6 +294,16 @@ def test_a_setting_measured_again_is_judged_on_both_windows() -> None:
     assert "3 workers measured 83.5 steps/s against 80" in decision.reason
 
 
+def test_a_candidate_that_closes_the_wait_replaces_the_users_settings_only_after_they_are_measured_again() -> None:
+    planner = Planner(LoaderSettings(0), HostBudget(8, "cores"), FAST, epoch_steps=600)
+    candidate = planner.record(window(50.0, 0.010, 0.010))
+    assert candidate is not None and candidate.num_workers > 0
+    assert planner.record(window(99.0, 0.010, 0.010)) == LoaderSettings(0)  # no wait left: the search is over
+    assert planner.record(window(52.0, 0.010, 0.010)) is None
+    decision = planner.decide()
+    assert decision.setting == candidate and decision.throughput_before == pytest.approx(52.0)
+
+
 def test_two_windows_joined_are_one_window_of_both() -> None:
     nan = math.nan
     first = WindowSnapshot(

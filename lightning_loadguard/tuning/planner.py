@@ -358,7 +358,7 @@ class Planner:
             return None  # the user's settings measured again are the last window: the decision is made on them
         best_setting, best_m = best
         if _winnable(best_setting, best_m) < WAIT_OK:
-            return self._pinning(best_setting)
+            return self._pinning(best_setting) or self._reference_again(base)
         return (
             self._measure_again(best_setting, best_m)
             or self._search(best_setting, best_m)
