@@ -302,6 +302,13 @@ def test_a_candidate_that_closes_the_wait_replaces_the_users_settings_only_after
     assert planner.record(window(52.0, 0.010, 0.010)) is None
     decision = planner.decide()
     assert decision.setting == candidate and decision.throughput_before == pytest.approx(52.0)
+    # Where the epoch has no room left for that window, the decision is made without it (a fit that ended
+    # inside it would end undecided).
+    whole_epoch = TuneOptions(warmup_steps=2, window_steps=6, probe_share=1.0)
+    short = Planner(LoaderSettings(0), HostBudget(8, "cores"), whole_epoch, epoch_steps=24)
+    assert short.record(window(50.0, 0.010, 0.010)) == candidate
+    assert short.record(window(99.0, 0.010, 0.010)) is None
+    assert short.decide().setting == candidate
 
 
 def test_two_windows_joined_are_one_window_of_both() -> None:

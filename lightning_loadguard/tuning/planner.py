@@ -376,7 +376,12 @@ class Planner:
         by its place alone (``jpeg_cnn``: 4 workers measured 12 % above in-process, and ran 13 % below it in the
         steady state). Judged on the faster of their two windows, the user's settings lose no such comparison
         by where they were measured. Running them costs no probe steps: the run would have run them anyway.
+        Not where the epochs the probing spans have no room left for the window: a fit that ends inside it
+        would end undecided.
         """
+        measured = sum(r.steps for r in self.results)
+        if measured + self.steps_for(self.original) > self.epoch_steps * self.span_epochs:
+            return None
         chosen, _, _ = self._replacement(base)
         if chosen == self.original:
             return None
