@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import compress
 from statistics import fmean
 from typing import Any
 
@@ -281,6 +282,21 @@ class WindowSnapshot:
         if not self.ready:
             return None
         return sum(self.ready) / len(self.ready)
+
+    @property
+    def ready_wait_s(self) -> float:
+        """Seconds waited on fetches whose batch was already made (the hand-over); 0 where readiness was not
+        measured for every fetch."""
+        if self.ready is None or len(self.ready) != len(self.wait_s):
+            return 0.0
+        return math.fsum(compress(self.wait_s, self.ready))
+
+    @property
+    def stall_fraction(self) -> float:
+        """Share of the loop's time waited on batches not yet made when fetched: what more production can win
+        back (all of the wait where readiness was not measured: it cannot be told from the hand-over)."""
+        loop = self.loop_s
+        return max(0.0, self.wait_fraction - (self.ready_wait_s / loop if loop > 0 else 0.0))
 
     @property
     def mean_production_s(self) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain
 from statistics import fmean, median
 
 from lightning_loadguard.meters.window import WindowSnapshot
@@ -155,11 +155,8 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         production = snap.wait_s  # made in the training process: each fetch is one production
     consumer_rate = 1.0 / fmean(steps) if fmean(steps) > 0 else math.inf
     loop = snap.loop_s
-    ready_wait = core_wait = 0.0
-    if snap.ready is not None and len(snap.ready) == len(snap.wait_s):
-        ready_wait = math.fsum(compress(snap.wait_s, snap.ready))
-        core_wait = ready_wait * snap.core_wait_share(ready_only=True)
-    stall = snap.wait_fraction - (ready_wait / loop if loop > 0 else 0.0)
+    ready_wait = snap.ready_wait_s
+    core_wait = ready_wait * snap.core_wait_share(ready_only=True) if ready_wait > 0 else 0.0
     capacity, source = _capacity(snap, production, workers)
     draining = drain_from_levels(snap.buffer_level) if snap.buffer_level else None
     if draining is not None and (capacity is None or capacity >= consumer_rate):
@@ -179,7 +176,7 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         consumer_rate=consumer_rate,
         capacity=capacity,
         capacity_source=source,
-        stall_fraction=max(0.0, stall),
+        stall_fraction=snap.stall_fraction,
         ready_wait_fraction=(ready_wait - core_wait) / loop if loop > 0 else 0.0,
         ready_core_wait_fraction=core_wait / loop if loop > 0 else 0.0,
         draining=draining,

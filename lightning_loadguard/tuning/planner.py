@@ -533,7 +533,7 @@ class Planner:
             if replayed > wanted:
                 wanted, note = replayed, note + f", {replayed} to absorb the bursts (replay)"
             if wanted <= setting.num_workers:
-                if setting.num_workers <= self.budget.max_workers and _production_wait(m) < WAIT_OK:
+                if setting.num_workers <= self.budget.max_workers and m.stall_fraction < WAIT_OK:
                     # Every batch the loop waited for was already made, by workers the cores are predicted to
                     # hold: it waits for the hand-over (the batch's way from the worker into the loop), which no
                     # further worker shortens. Past that prediction the workers and the loop share the cores,
@@ -802,14 +802,6 @@ def _replayed_wait(m: WindowSnapshot, workers: int, prefetch: int) -> float:
         steps=REPLAY_MIN_STEPS,
         record_levels=False,
     ).wait_fraction
-
-
-def _production_wait(m: WindowSnapshot) -> float:
-    """Share of the loop's time spent waiting for batches not yet made when fetched: what more production can
-    win back. Where readiness was not measured, all of the wait (it cannot be told from the hand-over)."""
-    if m.ready is None or m.loop_s <= 0:
-        return m.wait_fraction
-    return math.fsum(wait for wait, ready in zip(m.wait_s, m.ready, strict=False) if not ready) / m.loop_s
 
 
 def _noise(m: WindowSnapshot, other: WindowSnapshot) -> float:
