@@ -312,6 +312,23 @@ def test_a_setting_measured_again_is_judged_on_both_windows() -> None:
     assert "3 workers measured 81.5 steps/s against 80" in decision.reason
 
 
+def test_a_spent_probe_budget_still_measures_the_users_settings_again_before_they_are_replaced() -> None:
+    # 3 workers measured 1 % above 2, unpaid: a second window of them no longer fits the probe budget (24
+    # steps), but the user's settings cost no probe steps and are measured again, last, as in a search that
+    # ended on its own.
+    planner = Planner(LoaderSettings(1, 2), HostBudget(1, "cores"), FAST, epoch_steps=120)
+    rates = {1: [60.0, 66.0], 2: [80.0], 3: [81.0]}
+    proposal = planner.record(window(rates[1].pop(0), 0.010, 0.017))
+    probed = []
+    while proposal is not None:
+        probed.append(proposal.num_workers)
+        proposal = planner.record(window(rates[proposal.num_workers].pop(0), 0.010, 0.0085 * proposal.num_workers))
+    assert probed == [2, 3, 1] and planner.probe_steps <= planner.budget_steps
+    decision = planner.decide()
+    assert decision.num_workers == 2 and decision.bounded_by == "probe_budget", decision.table()
+    assert decision.throughput_before == pytest.approx(66.0)  # the faster of the user's two windows
+
+
 def test_a_candidate_that_closes_the_wait_replaces_the_users_settings_only_after_they_are_measured_again() -> None:
     planner = Planner(LoaderSettings(0), HostBudget(8, "cores"), FAST, epoch_steps=600)
     candidate = planner.record(window(50.0, 0.010, 0.010))

@@ -188,7 +188,12 @@ class Planner:
         probing = proposal.setting != self.original  # the user's own settings cost the run nothing
         if probing and self.probe_steps + self.steps_for(proposal.setting, continuing=again) > self.budget_steps:
             self._ran_out = True
-            return None
+            # The probe budget is spent, not the run: the user's settings may still be measured again, free.
+            base = self._baseline
+            proposal = None if base is None else self._reference_again(base)
+            if proposal is None:
+                return None
+            again = proposal.setting == setting
         if proposal.bound:
             self._bounds.add(proposal.bound)
         self.continuing = again and not failed
@@ -384,7 +389,8 @@ class Planner:
         user's settings would be judged on the run's slowest stretch, and a candidate measured later could gain
         by its place alone (``jpeg_cnn``: 4 workers measured 12 % above in-process, and ran 13 % below it in the
         steady state). Judged on the faster of their two windows, the user's settings lose no such comparison
-        by where they were measured. Running them costs no probe steps: the run would have run them anyway.
+        by where they were measured. Running them costs no probe steps: the run would have run them anyway, so
+        they are measured also where the probe budget is spent.
         Not where the epochs the probing spans have no room left for the window: a fit that ends inside it
         would end undecided.
         """
