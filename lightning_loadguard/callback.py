@@ -22,7 +22,7 @@ from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.device import DeviceEvent, cuda_events
 from lightning_loadguard.meters.host import host_key
 from lightning_loadguard.meters.monitor import LoaderMonitor
-from lightning_loadguard.meters.ranks import RankFigures, RankSummary, rank_figures, single_rank_summary
+from lightning_loadguard.meters.ranks import RankFigures, logging_pace, rank_figures, rank_rows, summarise
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
@@ -512,16 +512,16 @@ class LoadGuard(_pl.Callback):
         .should_update_logs``): so does LoadGuard where it follows the trainer."""
         return self.log_every_n_steps is None and bool(self._every) and bool(trainer.should_stop)
 
-    def _pace_logging(self, trainer: Any, combined: RankSummary) -> None:
+    def _pace_logging(self, trainer: Any, ranks: dict[str, list[float]]) -> None:
         """The next logging steps, within ``LOGGING_SHARE`` of the training's time. From figures every rank
-        has alike (the combined ones): the ranks keep reaching the collective on the same steps."""
+        has alike (the gathered ones), by plain arithmetic that is never switched off: the ranks keep reaching
+        the collective on the same steps."""
         if self.log_every_n_steps is not None or not self._every:
             return
-        metrics = combined.metrics
-        period_s = (metrics.get("loadguard/data_wait_ms", _NAN) + metrics.get("loadguard/step_ms", _NAN)) / 1e3
+        pace = logging_pace(ranks)
         every = self._log_every(trainer)
-        if combined.logging_step_s > 0 and period_s > 0:
-            stride = math.ceil(combined.logging_step_s / (LOGGING_SHARE * period_s * every))
+        if pace.logging_step_s > 0 and pace.period_s > 0:
+            stride = math.ceil(pace.logging_step_s / (LOGGING_SHARE * pace.period_s * every))
             every *= min(max(1, stride), MAX_LOGGING_STRIDE)
         if every != self._every and self._quiet_fetches:
             # A rest was counted to the old cadence's next logging step, and its length to this rank's own step
@@ -545,6 +545,19 @@ class LoadGuard(_pl.Callback):
         gpu = self._gpu.read() if self._gpu is not None else None
         return rank_figures(snapshot, self._host_key, gpu)
 
+    def _gathered(self, trainer: Any) -> dict[str, list[float]] | None:
+        """Every rank's figures, gathered; never switched off (see :meth:`_guarded`): a rank that left the
+        collective alone would leave the others waiting in it for good. A failure is said once, and the next
+        logging step gathers again, as every rank does."""
+        try:
+            return self._ranks.gather(_pl.rank_sync_fn(trainer), trainer.world_size)
+        except Exception as err:
+            self._say_once(
+                f"gathering the ranks' figures failed ({type(err).__name__}: {err}); they are gathered again at the "
+                "next logging step. Training is not affected."
+            )
+            return None
+
     def _publish(self, trainer: Any, log: bool = True, closing: bool | None = None, step: int | None = None) -> None:
         """The window's figures, diagnosis and (where ``log``) logs at ``step`` (default: the trainer's).
 
@@ -562,20 +575,19 @@ class LoadGuard(_pl.Callback):
         figures = figures or {"host_key": self._host_key}
         figures["logging_step_ms"] = self._logging_step_s * 1e3
         if trainer.world_size == 1:
-            combined = self._guarded("combining the ranks' figures", single_rank_summary, figures)
+            ranks = self._guarded("combining the ranks' figures", rank_rows, figures)
         else:
-            self._ranks.update(figures)
-            # Every rank reaches the collective on the same steps whatever happened locally above.
-            combined = self._guarded(
-                "combining the ranks' figures",
-                self._ranks.summary,
-                trainer.global_rank,
-                _pl.rank_sync_fn(trainer),
-                trainer.world_size,
-            )
+            self._guarded("passing the window to the ranks", self._ranks.update, figures)
+            # Every rank reaches the collective on the same steps whatever happened locally, before or after.
+            ranks = self._gathered(trainer)
+        if ranks is None:
+            return
+        # Which steps log next follows from the gathered figures alone (plain arithmetic: it fails on every rank
+        # or on none), whatever fails on this rank below.
+        self._guarded("pacing the logging", self._pace_logging, trainer, ranks)
+        combined = self._guarded("combining the ranks' figures", summarise, ranks, trainer.global_rank)
         if combined is None:
             return
-        self._pace_logging(trainer, combined)
         self._monitor.processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:

@@ -21,7 +21,7 @@ from lightning_loadguard.meters.host import batch_nbytes, host_facts
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_INTERVAL_S, LoaderMonitor
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
-from lightning_loadguard.meters.ranks import FIELDS, RankFigures
+from lightning_loadguard.meters.ranks import FIELDS, RankFigures, logging_pace, summarise
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.synthetic import TimedDataset
 
@@ -308,10 +308,11 @@ def test_every_rank_paces_its_logging_by_the_costliest_ranks_logging_step() -> N
             figures = RankFigures()
             figures.update(values)
             ranks.append(figures)
-        paced.append(ranks[this_rank].summary(this_rank=this_rank, sync_fn=_gathered_from(ranks), world_size=3))
+        gathered = ranks[this_rank].gather(sync_fn=_gathered_from(ranks), world_size=3)
+        paced.append(logging_pace(gathered))
+        assert not any("logging_step" in name for name in summarise(gathered, this_rank).metrics)
     assert [out.logging_step_s for out in paced] == [pytest.approx(0.0015)] * 3
-    assert not any("logging_step" in name for name in paced[0].metrics)
-    assert RankFigures().summary().logging_step_s == 0.0  # before any logging step: not known
+    assert logging_pace(RankFigures().gather()).logging_step_s == 0.0  # before any logging step: not known
 
 
 def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> None:

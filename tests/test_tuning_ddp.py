@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from programs import run_program
 from torch.utils.data import DistributedSampler
 
@@ -32,3 +33,33 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
     for rank, result in enumerate(ranks):
         seen = result["seen"]
         assert seen == _expected(rank, 0) + _expected(rank, 1)
+
+
+@pytest.mark.parametrize(("fault", "step"), [("window", "measuring the window"), ("record", "planning the next probe")])
+def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path: Path, fault: str, step: str) -> None:
+    # Rank 1's tuner fails at its second window. Had it stopped alone, rank 0 would wait for it in the tuner's
+    # next collective for good: every rank stops at the same point, back on the user's settings, in order.
+    out = tmp_path / "ddp"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = run_program([SCRIPT, out, fault], timeout=180, env=env, cwd=SCRIPT.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    assert [r["decision"] for r in ranks] == [None, None]
+    assert [r["workers"] for r in ranks] == [1, 1]  # the user's settings
+    for rank, result in enumerate(ranks):
+        assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)
+    assert f"auto-tuning stopped: {step} failed (on another rank)" in proc.stderr + proc.stdout
+
+
+def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_collectives_paired(tmp_path: Path) -> None:
+    # Rank 1 cannot reduce the gathered figures at its second logging step. Were the gather switched off with
+    # it, rank 1 would skip it from then on and rank 0 would wait in it for good (or meet the tuner's
+    # collectives instead): the gather goes on on every rank, and the tuner decides as before.
+    out = tmp_path / "ddp"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = run_program([SCRIPT, out, "summarise"], timeout=180, env=env, cwd=SCRIPT.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    assert ranks[0]["decision"] is not None and ranks[0]["decision"] == ranks[1]["decision"]
+    for rank, result in enumerate(ranks):
+        assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)

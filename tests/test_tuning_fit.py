@@ -210,6 +210,39 @@ def test_a_failing_probe_reverts_and_no_sample_is_lost() -> None:
     assert tuned == untuned
 
 
+@pytest.mark.parametrize(
+    ("step", "name", "fails_at"),
+    [("watching the steps", "watch", 1), ("planning the next probe", "record", 2), ("deciding", "decide", 1)],
+)
+def test_a_tuner_step_that_fails_puts_the_users_settings_back_in_the_untuned_order(
+    monkeypatch: pytest.MonkeyPatch, step: str, name: str, fails_at: int
+) -> None:
+    # The tuner's own code fails: on a step between windows (watching the in-process draws), while a candidate
+    # runs (planning after its window), or at the end (deciding). Training goes on at the user's settings from
+    # the same batch, said once, and no decision is stored.
+    from lightning_loadguard.tuning.planner import Planner
+
+    owner: Any = session_module.RandomDrawWatch if name == "watch" else Planner
+    attribute = "install" if name == "watch" else name
+    original = getattr(owner, attribute)
+    calls: list[int] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == fails_at:
+            raise RuntimeError("broken")
+        return original(*args, **kwargs)
+
+    untuned, _, _ = fit(io_bound(), False)
+    monkeypatch.setattr(owner, attribute, staticmethod(failing) if name == "watch" else failing)
+    tuned, guard, trainer = fit(io_bound(), FAST)
+    said = [line for line in guard.summary().splitlines() if "auto-tuning" in line]
+    assert len(said) == 1, said
+    assert f"auto-tuning stopped: {step} failed (RuntimeError: broken). Your settings are kept" in said[0]
+    assert guard.decision is None and trainer.train_dataloader.num_workers == 1
+    assert tuned == untuned
+
+
 def test_the_candidate_table_goes_to_tensorboard(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

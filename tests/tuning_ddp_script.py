@@ -1,10 +1,17 @@
-"""Run by test_tuning_ddp.py: a 2-rank CPU DDP fit with auto-tuning; each rank writes what it saw and decided."""
+"""Run by test_tuning_ddp.py: a 2-rank CPU DDP fit with auto-tuning; each rank writes what it saw and decided.
+
+An optional second argument makes LoadGuard's own work fail on rank 1 only: the tuner's at its second window,
+``window`` (measuring it, before the ranks' gather) or ``record`` (planning, between the gather and the
+broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
+from typing import Any
 
 import torch
 from pipelines import quiet_trainer
@@ -15,8 +22,38 @@ from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loade
 from lightning_loadguard.tuning.session import TuneOptions
 
 
-def main(out: str) -> None:
+def _fail_on_rank_1(fault: str) -> None:
+    if os.environ.get("LOCAL_RANK", "0") != "1":
+        return
+    from lightning_loadguard import callback
+    from lightning_loadguard.meters.monitor import LoaderMonitor
+    from lightning_loadguard.tuning.planner import Planner
+
+    owner, name = {
+        "window": (LoaderMonitor, "snapshot"),
+        "record": (Planner, "record"),
+        "summarise": (callback, "summarise"),
+    }[fault]
+    original = getattr(owner, name)
+    calls = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if fault != "window" or kwargs.get("since") is not None:  # the tuner's windows, not the callback's
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError(f"{fault} fails on rank 1")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, failing)
+
+
+def main(out: str, fault: str | None = None) -> None:
     warnings.simplefilter("ignore")
+    if fault is not None:
+        from lightning_loadguard import LoadGuardWarning
+
+        warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
+        _fail_on_rank_1(fault)
     pl.seed_everything(11, verbose=False)
     loader = timed_loader(TimedDataset(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
     guard = LoadGuard(
@@ -31,7 +68,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
     # An initialized gloo group left to the interpreter's exit can abort the process (SIGABRT,
     # "terminate called without an active exception") after training has finished.
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -61,8 +61,6 @@ class RankSummary:
     rank_wait_fractions: tuple[float, ...]
     inflight_host_bytes: float | None
     processes_on_host: int
-    logging_step_s: float = 0.0
-    """The costliest rank's CPU time on its previous logging step (0: not known yet); equal on every rank."""
 
 
 def rank_figures(snapshot: WindowSnapshot, host_key: float, gpu_util: float | None = None) -> dict[str, float]:
@@ -148,18 +146,27 @@ class RankFigures(Metric):
         rows = self.figures.reshape(-1, len(FIELDS)).cpu().T.tolist()
         return dict(zip(FIELDS, rows, strict=True))
 
-    def summary(self, this_rank: int = 0, sync_fn: SyncFn | None = None, world_size: int = 1) -> RankSummary:
-        """Sync the ranks' figures (every rank must call this at the same step), reduce them, and start afresh."""
+    def gather(self, sync_fn: SyncFn | None = None, world_size: int = 1) -> dict[str, list[float]]:
+        """Every rank's figures by name (the collective: every rank must call this at the same step), and start
+        afresh."""
         if world_size > 1:
             _sync(self, sync_fn, True)
         try:
-            ranks = self._by_name()
+            return self._by_name()
         finally:
             if self._is_synced:
                 self.unsync()
             self.figures = torch.full((len(FIELDS),), _NAN, dtype=torch.float64, device=self.device)
-        gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
-        return _summarise(ranks, math.fsum(gpu), float(len(gpu)), this_rank)
+
+    def summary(self, this_rank: int = 0, sync_fn: SyncFn | None = None, world_size: int = 1) -> RankSummary:
+        """:meth:`gather`, then :func:`summarise`."""
+        return summarise(self.gather(sync_fn, world_size), this_rank)
+
+
+def summarise(ranks: dict[str, list[float]], this_rank: int = 0) -> RankSummary:
+    """The logged figures of every rank's figures (:meth:`RankFigures.gather`), seen from ``this_rank``."""
+    gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
+    return _summarise(ranks, math.fsum(gpu), float(len(gpu)), this_rank)
 
 
 def _row(values: dict[str, float]) -> list[float]:
@@ -169,6 +176,41 @@ def _row(values: dict[str, float]) -> list[float]:
     return [float(values.get(name, _NAN)) for name in FIELDS]
 
 
+@dataclass(frozen=True)
+class LoggingPace:
+    """What the logging cadence is paced from, read from every rank's figures: the same on every rank.
+
+    Attributes:
+        period_s: the step period (data wait and step) of the rank that waits most (NaN: not known).
+        logging_step_s: the costliest rank's CPU time on its previous logging step (0: not known yet).
+    """
+
+    period_s: float
+    logging_step_s: float
+
+
+def logging_pace(ranks: dict[str, list[float]]) -> LoggingPace:
+    """The :class:`LoggingPace` of every rank's figures (:meth:`RankFigures.gather`).
+
+    Apart from the rest of the reduction (:func:`summarise`) and as plain arithmetic: which steps log must
+    follow from what all ranks share, or they stop meeting in the gather.
+
+    Example:
+        >>> logging_pace(rank_rows({"wait_fraction": 0.5, "data_wait_ms": 4.0, "step_ms": 6.0, "logging_step_ms": 2.0}))
+        LoggingPace(period_s=0.01, logging_step_s=0.002)
+    """
+    worst = _worst_rank(_rank_waits(ranks))
+    period_ms = ranks["data_wait_ms"][worst] + ranks["step_ms"][worst]
+    costs = [value for value in ranks["logging_step_ms"] if not math.isnan(value)]
+    return LoggingPace(period_s=period_ms / 1e3, logging_step_s=max(costs) / 1e3 if costs else 0.0)
+
+
+def rank_rows(values: dict[str, float]) -> dict[str, list[float]]:
+    """One rank's figures in the form of :meth:`RankFigures.gather`: a run with one process, without a
+    collective."""
+    return {name: [value] for name, value in zip(FIELDS, _row(values), strict=True)}
+
+
 def single_rank_summary(values: dict[str, float]) -> RankSummary:
     """:meth:`RankFigures.summary` of a run with one process: the same reduction, without a collective.
 
@@ -176,18 +218,25 @@ def single_rank_summary(values: dict[str, float]) -> RankSummary:
         >>> single_rank_summary({"wait_fraction": 0.25, "host_key": 7.0}).metrics["loadguard/wait_fraction"]
         0.25
     """
-    ranks = {name: [value] for name, value in zip(FIELDS, _row(values), strict=True)}
-    gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
-    return _summarise(ranks, math.fsum(gpu), float(len(gpu)), 0)
+    return summarise(rank_rows(values))
+
+
+def _rank_waits(ranks: dict[str, list[float]]) -> list[float]:
+    """Each rank's share of time waiting for data. On accelerators the data wait that costs is the device's
+    idle for data; the host's wait may overlap queued work. Every rank must have the device figure, or the ranks
+    are compared on the host's clock."""
+    device = ranks["device_data_idle_fraction"]
+    return device if not any(math.isnan(v) for v in device) else ranks["wait_fraction"]
+
+
+def _worst_rank(waits: list[float]) -> int:
+    finite = [(w, r) for r, w in enumerate(waits) if not math.isnan(w)]
+    return max(finite)[1] if finite else 0
 
 
 def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, this_rank: int) -> RankSummary:
-    # On accelerators the data wait that costs is the device's idle for data; the host's wait may overlap
-    # queued work. Every rank must have the device figure, or the ranks are compared on the host's clock.
-    device = ranks["device_data_idle_fraction"]
-    waits = device if not any(math.isnan(v) for v in device) else ranks["wait_fraction"]
-    finite = [(w, r) for r, w in enumerate(waits) if not math.isnan(w)]
-    worst = max(finite)[1] if finite else 0
+    waits = _rank_waits(ranks)
+    worst = _worst_rank(waits)
     metrics: dict[str, float] = {}
     for name in WORST_RANK_FIELDS:
         value = ranks[name][worst]
@@ -223,14 +272,12 @@ def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, 
         metrics["loadguard/worst_rank"] = float(worst)
     keys = ranks["host_key"]
     own_host = keys[min(this_rank, len(keys) - 1)]
-    costs = [value for value in ranks["logging_step_ms"] if not math.isnan(value)]
     return RankSummary(
         metrics=metrics,
         worst_rank=worst,
         rank_wait_fractions=tuple(float(w) for w in waits),
         inflight_host_bytes=inflight,
         processes_on_host=ranks_per_host.get(own_host, 1),
-        logging_step_s=max(costs) / 1e3 if costs else 0.0,
     )
 
 

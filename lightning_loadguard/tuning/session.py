@@ -52,6 +52,22 @@ _PROBES_WANTED = 3
 """Candidates a span of several epochs is sized to hold, when one epoch holds none."""
 
 
+class _CannotSwitch(Exception):
+    """The loop's iterator cannot be replaced (a condition of this trainer, not a fault)."""
+
+
+class _Abandoned(Exception):
+    """A step of the tuner failed on some rank; every rank learned so at the same point (see
+    :meth:`TuningSession._together`) and stops tuning there."""
+
+    def __init__(self, what: str, error: BaseException | None) -> None:
+        if isinstance(error, _CannotSwitch):
+            super().__init__(str(error))
+            return
+        where = f"{type(error).__name__}: {error}" if error is not None else "on another rank"
+        super().__init__(f"{what} failed ({where})")
+
+
 def _span_choices(max_epochs: int | None) -> tuple[int, ...]:
     last = MAX_SPAN_EPOCHS if max_epochs is None or max_epochs < 1 else min(MAX_SPAN_EPOCHS, max_epochs)
     return tuple(range(1, last + 1))
@@ -238,11 +254,12 @@ class TuningSession:
         self._epoch = self._first_epoch = 0
         self._seeded: list[DataLoader] = []
         self._draws: RandomDrawWatch | None = None
+        self._broken: tuple[str, BaseException] | None = None  # a step of this rank failed (see _together)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
         state = dict(self.__dict__)
-        state.update(_loader=None, _tap=None, _active=False, _seeded=[], _draws=None, _port=None)
+        state.update(_loader=None, _tap=None, _active=False, _seeded=[], _draws=None, _port=None, _broken=None)
         return state
 
     # -- the training loop's events --------------------------------------------------------------------
@@ -254,6 +271,13 @@ class TuningSession:
             self._apply_decision(loaders)
             return
         self._stop_probing()
+        try:
+            self._together(port, "setting up the probes", lambda: self._start(port, loaders))
+        except _Abandoned as stop:
+            self._abandon(port, stop)
+
+    def _start(self, port: TrainerPort, loaders: list[Any]) -> None:
+        self._broken = None
         reason = self._cannot_tune(port, loaders)
         if reason is not None:
             self._say(f"auto-tuning is off: {reason}.")
@@ -309,6 +333,12 @@ class TuningSession:
     def on_train_batch_end(self, port: TrainerPort) -> None:
         """A training step ended."""
         self._port = port
+        try:
+            self._advance(port)
+        except _Abandoned as stop:
+            self._abandon(port, stop)
+
+    def _advance(self, port: TrainerPort) -> None:
         if not self._active:
             if self._tap is not None and port.current_epoch != self._epoch:
                 self._stop_probing()
@@ -319,6 +349,15 @@ class TuningSession:
                 return
         self._step += 1
         warmup = self._warmup_steps
+        try:
+            self._watch(port, warmup)
+        except Exception as err:
+            # A step without a collective: every rank learns of it at the window's end (see _together).
+            self._broken = self._broken or ("watching the steps", err)
+        if self._step == warmup + self._window_steps:
+            self._end_window(port)
+
+    def _watch(self, port: TrainerPort, warmup: int) -> None:
         if self._step == 1 and self._planner is not None and not self._planner.measurements:
             # The user's in-process fetches are watched for draws from the run's random streams, during the
             # warm-up steps only: the watch's own cost stays out of the measured window.
@@ -327,8 +366,6 @@ class TuningSession:
             self._draws.watching = False
         if self._step == warmup:
             self._window_start = self.monitor.mark()
-        elif self._step == warmup + self._window_steps:
-            self._end_window(port)
 
     def _epoch_turned(self, port: TrainerPort) -> None:
         """A new epoch began while probing: the open window is dropped (its steps count as probing under a
@@ -345,7 +382,7 @@ class TuningSession:
         if spanned >= planner.span_epochs or spent:
             planner.note_budget_spent()
             # The tap stays for this epoch: a failure of the chosen setting can still go back mid-epoch.
-            self._finish(port, planner.decide(startup_s=self._startup_s or None, map_style=True))
+            self._finish(port, self._together(port, "deciding", self._decide))
             return
         self._progress(f"epoch {self._epoch}: measuring {planner.current.label} again from the epoch's start")
 
@@ -378,36 +415,65 @@ class TuningSession:
     # -- windows ---------------------------------------------------------------------------------------
 
     def _end_window(self, port: TrainerPort) -> None:
-        assert self._planner is not None and self._window_start is not None
+        """The window is over: combine the ranks' figures, plan, agree, and switch to the next setting.
+
+        Under DDP the ranks meet in the tuner's collectives (the window's gather, the broadcasts of the next
+        setting and of the decision) in the same order; the local work between them runs through
+        :meth:`_together`, so that a failure on one rank stops every rank at the same point instead of leaving
+        the others waiting in the next collective.
+        """
+        planner = self._planner
+        assert planner is not None
         now = time.perf_counter()
+        start = self._window_start
         # On an accelerator a setting is judged by the device's idle: a pinned copy lets the host run ahead,
         # which the host's own clock does not show.
-        local = self.monitor.snapshot(since=self._window_start).device_view()
-        combined, failed_elsewhere = self._combine(port, local)
+        local, ranks = self._together(port, "measuring the window", lambda: self._measured(port, start))
+        combined, failed_elsewhere = (local, False)
+        if ranks is not None:
+            combined, failed_elsewhere = ranks.combine(local, port.sync_fn, port.world_size)
+        drew = False
+        if not planner.measurements and not self._iterable:  # the user's own settings, measured first
+            drew = self._draws is not None and self._draws.drew
+            if port.world_size > 1:
+                drew = port.any_rank(drew)
+        final, next_setting = self._together(
+            port, "planning the next probe", lambda: self._plan(port, combined, failed_elsewhere, drew, now)
+        )
+        if final is not None:
+            self._finish(port, final)
+            return
+        next_setting = self._agree(port, next_setting)
+        if next_setting is None:
+            self._finish(port, self._together(port, "deciding", self._decide))
+            return
+        planner.current = next_setting
+        self._together(port, "switching the loader", lambda: self._probe(port, next_setting))
+
+    def _plan(
+        self, port: TrainerPort, combined: WindowSnapshot, failed_elsewhere: bool, drew: bool, ended: float
+    ) -> tuple[TuneDecision | None, LoaderSettings | None]:
+        """The window recorded: a decision made without probing, or the next setting to measure (``None``:
+        decide)."""
+        planner = self._planner
+        assert planner is not None
         failed = self._fault or ("failed on another rank" if failed_elsewhere else None)
         if not failed:
             # The cores are budgeted with the latest good window's CPU figures, as the diagnosis does.
             self._window = combined
-        planner = self._planner
         # The batch size is known once a batch went by: the memory budget can be set now.
         planner.budget = self._budget = self._host_budget(port)
         if self._iterable:
-            self._finish(port, self._model_only(combined))
-            return
-        if not planner.measurements:  # the user's own settings, measured first
-            drew = self._draws is not None and self._draws.drew
-            if port.world_size > 1:
-                drew = port.any_rank(drew)
-            if drew:
-                reason = (
-                    "the dataset draws from the main process's global random stream while loading (torch, random "
-                    "or numpy in __getitem__ or collate); loading in workers would change those draws and every "
-                    "later epoch's shuffle order, so loading stays in the main process"
-                )
-                self._say(f"auto-tuning keeps num_workers=0: {reason}.")
-                self._finish(port, self._model_only(combined, reason))
-                return
-        span = now - self._switch_started if self._planner.current != self._planner.original else 0.0
+            return self._model_only(combined), None
+        if drew:
+            reason = (
+                "the dataset draws from the main process's global random stream while loading (torch, random "
+                "or numpy in __getitem__ or collate); loading in workers would change those draws and every "
+                "later epoch's shuffle order, so loading stays in the main process"
+            )
+            self._say(f"auto-tuning keeps num_workers=0: {reason}.")
+            return self._model_only(combined, reason), None
+        span = ended - self._switch_started if planner.current != planner.original else 0.0
         next_setting = planner.record(combined, failed=failed)
         if span:
             planner.probe_time_s += span - combined.loop_s  # switch and warm-up cost time too
@@ -415,31 +481,83 @@ class TuningSession:
             self._good = max(
                 ((s, m.sustained_rate) for s, m in planner.measurements.items()), key=lambda item: item[1]
             )[0]
-        next_setting = self._agree(port, next_setting)
-        if next_setting is not None:
-            planner.current = next_setting
-        if next_setting is None:
-            self._finish(port, planner.decide(startup_s=self._startup_s or None, map_style=True))
-            return
+        return None, next_setting
+
+    def _decide(self) -> TuneDecision:
+        assert self._planner is not None
+        return self._planner.decide(startup_s=self._startup_s or None, map_style=True)
+
+    def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
+        """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
+        planner = self._planner
+        assert planner is not None
         self._progress(
-            f"probing {next_setting.label} ({planner.current_note}); probe steps "
-            f"{planner.probe_steps + planner.steps_for(next_setting)}/{planner.budget_steps} of "
+            f"probing {setting.label} ({planner.current_note}); probe steps "
+            f"{planner.probe_steps + planner.steps_for(setting)}/{planner.budget_steps} of "
             + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else "epoch 0")
         )
         if planner.continuing:
             self._switch_started = time.perf_counter()  # measured again as it runs: no restart
         else:
-            self._switch(port, next_setting)
+            self._switch(port, setting)
         self._step = 0
 
-    def _combine(self, port: TrainerPort, local: WindowSnapshot) -> tuple[WindowSnapshot, bool]:
-        """The window of all ranks, and whether a setting failed on another rank."""
+    def _together(self, port: TrainerPort, what: str, step: Callable[[], T]) -> T:
+        """``step``, local work between two of the tuner's collectives, run on every rank; where it failed on
+        any rank, every rank raises :class:`_Abandoned` here, at the same point.
+
+        A rank that stopped tuning alone would leave the others waiting in the next collective for good (a
+        hang, not an error). One flag per step, gathered only where several processes train.
+        """
+        error: BaseException | None = None
+        result: Any = None
+        if self._broken is not None:  # failed on an earlier step of this rank
+            what, error = self._broken
+        else:
+            try:
+                result = step()
+            except Exception as err:
+                error = err
+        failed = error is not None
+        if port.world_size > 1:
+            failed = port.any_rank(failed)
+        if failed:
+            raise _Abandoned(what, error)
+        return result
+
+    def _abandon(self, port: TrainerPort, stop: _Abandoned) -> None:
+        """Every rank stops tuning where a step failed on one: the user's settings come back, from the same
+        batch, and no collective of the tuner follows."""
+        self._active = False
+        self._broken = None
+        self.decision = None
+        kept = "Your settings are kept"
+        loader, planner = self._loader, self._planner
+        try:
+            if loader is not None and planner is not None and self._tap is not None:
+                original = planner.original
+                if not settings_of(loader).same_loader(original):
+                    planner.current = original
+                    self._switch(port, original)
+        except Exception as err:
+            running = settings_of(loader).label if loader is not None else "the loader's setting"
+            kept = f"Going back to your settings failed too ({type(err).__name__}: {err}), so {running} runs on"
+        finally:
+            self._stop_probing()
+        self._say(f"auto-tuning stopped: {stop}. {kept}; training is not affected.")
+
+    def _measured(self, port: TrainerPort, start: WindowMark | None) -> tuple[WindowSnapshot, WindowRanks | None]:
+        """This rank's window, and (where several processes train) its row for the ranks' gather, which also
+        carries whether a setting failed here."""
+        if start is None:
+            raise RuntimeError("the window's start was not marked")
+        local = self.monitor.snapshot(since=start).device_view()
         if port.world_size <= 1:
-            return local, False
+            return local, None
         steps = self._window_steps
         ranks = WindowRanks(steps=steps, production=max(2 * steps, PROFILE_LENGTH))
         ranks.update(local, failed=self._fault is not None)
-        return ranks.combine(local, port.sync_fn, port.world_size)
+        return local, ranks
 
     def _agree(self, port: TrainerPort, setting: LoaderSettings | None) -> LoaderSettings | None:
         # The ranks computed the same plan from the same gathered figures; rank 0's word settles any drift.
@@ -453,14 +571,10 @@ class TuningSession:
         assert self._loader is not None and self._tap is not None
         old, reason = port.train_iterator()
         if old is None:
-            self._say(f"auto-tuning stopped: {reason}.")
-            self._stop_probing()
-            return
+            raise _CannotSwitch(reason or "the train iterator cannot be replaced")
         consumed = yielded(old)
         if consumed is None:
-            self._say("auto-tuning stopped: the train iterator does not say how many batches it handed out.")
-            self._stop_probing()
-            return
+            raise _CannotSwitch("the train iterator does not say how many batches it handed out")
         self._switch_started = time.perf_counter()
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
@@ -548,6 +662,9 @@ class TuningSession:
 
     def _finish(self, port: TrainerPort, decision: TuneDecision) -> None:
         decision = self._agree_decision(port, decision)
+        self._together(port, "applying the decision", lambda: self._apply_now(port, decision))
+
+    def _apply_now(self, port: TrainerPort, decision: TuneDecision) -> None:
         loader = self._loader
         assert loader is not None and self._planner is not None
         chosen = replace(decision.setting, persistent_workers=loader.persistent_workers)
