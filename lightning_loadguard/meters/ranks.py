@@ -163,12 +163,6 @@ class RankFigures(Metric):
         return summarise(self.gather(sync_fn, world_size), this_rank)
 
 
-def summarise(ranks: dict[str, list[float]], this_rank: int = 0) -> RankSummary:
-    """The logged figures of every rank's figures (:meth:`RankFigures.gather`), seen from ``this_rank``."""
-    gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
-    return _summarise(ranks, math.fsum(gpu), float(len(gpu)), this_rank)
-
-
 def _row(values: dict[str, float]) -> list[float]:
     unknown = set(values) - _FIELD_SET
     if unknown:
@@ -211,16 +205,6 @@ def rank_rows(values: dict[str, float]) -> dict[str, list[float]]:
     return {name: [value] for name, value in zip(FIELDS, _row(values), strict=True)}
 
 
-def single_rank_summary(values: dict[str, float]) -> RankSummary:
-    """:meth:`RankFigures.summary` of a run with one process: the same reduction, without a collective.
-
-    Example:
-        >>> single_rank_summary({"wait_fraction": 0.25, "host_key": 7.0}).metrics["loadguard/wait_fraction"]
-        0.25
-    """
-    return summarise(rank_rows(values))
-
-
 def _rank_waits(ranks: dict[str, list[float]]) -> list[float]:
     """Each rank's share of time waiting for data. On accelerators the data wait that costs is the device's
     idle for data; the host's wait may overlap queued work. Every rank must have the device figure, or the ranks
@@ -234,7 +218,15 @@ def _worst_rank(waits: list[float]) -> int:
     return max(finite)[1] if finite else 0
 
 
-def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, this_rank: int) -> RankSummary:
+def summarise(ranks: dict[str, list[float]], this_rank: int = 0) -> RankSummary:
+    """The logged figures of every rank's figures (:meth:`RankFigures.gather`, or :func:`rank_rows` for one
+    process), seen from ``this_rank``.
+
+    Example:
+        >>> summarise(rank_rows({"wait_fraction": 0.25, "host_key": 7.0})).metrics["loadguard/wait_fraction"]
+        0.25
+    """
+    gpu = [value for value in ranks["gpu_util"] if not math.isnan(value)]
     waits = _rank_waits(ranks)
     worst = _worst_rank(waits)
     metrics: dict[str, float] = {}
@@ -242,8 +234,8 @@ def _summarise(ranks: dict[str, list[float]], gpu_sum: float, gpu_count: float, 
         value = ranks[name][worst]
         if not math.isnan(value):
             metrics[f"loadguard/{name}"] = float(value)
-    if gpu_count > 0:
-        metrics["loadguard/gpu_util"] = gpu_sum / gpu_count
+    if gpu:
+        metrics["loadguard/gpu_util"] = math.fsum(gpu) / len(gpu)
 
     per_host: dict[float, float] = {}
     budget_mb: dict[float, float] = {}
