@@ -721,21 +721,45 @@ def test_no_worker_past_the_limit_when_the_last_one_did_not_pay() -> None:
 def test_a_setting_its_first_window_could_not_tell_from_the_best_is_measured_again_once() -> None:
     # cpu_transforms_torch_step as the tuner saw it in one run: 4 workers' first window (started cold beside
     # the step's threads) 53 steps/s against 52 in-process, short of the margin a setting past the core
-    # limit must pay; the same 4 workers, warm, ran at 67 steps/s in the steady state.
+    # limit must pay; the same 4 workers, warm, ran at 67 steps/s in the steady state. Measured again at once,
+    # the warm window joins the cold one (together 14 % over in-process, past the doubled margin); it pays.
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
     assert planner.record(window(52.0, 0.0026, 0.0164)) == LoaderSettings(1, 2)
     assert planner.record(window(41.0, 0.0113, 0.0196)) == LoaderSettings(4, 2)
-    assert planner.record(window(53.0, 0.0137, 0.031)) == LoaderSettings(4, 2)
-    assert planner.current_note.startswith("measured again") and planner.continuing
-    # The warm window joins the cold one (together 14 % over in-process, past the doubled margin); it pays.
+    planner.record(window(53.0, 0.0137, 0.031))
+    # A setting that read faster and did not pay is measured again, but a jump's count passed over comes first.
+    assert planner.current == LoaderSettings(2, 2), planner.current_note
+    assert planner.record(window(45.0, 0.0130, 0.031)) == LoaderSettings(4, 2)
+    assert planner.current_note.startswith("measured again")
     proposal = planner.record(window(67.0, 0.0120, 0.031))
     while proposal is not None:
         assert proposal != LoaderSettings(4, 2)
         proposal = planner.record(window(50.0, 0.0130, 0.031))
     decision = planner.decide()
-    assert decision.num_workers == 4 and decision.verdict == "improved"
-    assert [c.setting.num_workers for c in decision.candidates[:4]] == [0, 1, 4, 4]
+    assert decision.num_workers == 4 and decision.verdict == "improved", decision.table()
+    assert [c.setting.num_workers for c in decision.candidates[:5]] == [0, 1, 4, 2, 4]
     assert decision.probe_steps == sum(c.steps for c in decision.candidates if c.setting != LoaderSettings(0))
+
+
+def test_a_jump_that_read_faster_without_paying_has_the_count_it_passed_over_measured_first() -> None:
+    # cpu_transforms_torch_step in one run: 1 worker read below in-process (55) twice, 4 workers 59 then 68,
+    # 8 % above in-process over the two, in windows too noisy to pay; the probe budget was then spent, and
+    # in-process was kept at 0.74 of the grid's best (2 workers, 80 steps/s in the steady state).
+    windows = _per_count(
+        {
+            0: [(54.6, 0.02, 0.0019)],
+            1: [(48.8, 0.3, 0.0075), (45.4, 0.3, 0.0075)],
+            4: [(59.2, 0.25, 0.0050), (68.0, 0.25, 0.0050)],
+            2: [(72.0, 0.05, 0.0030)],
+            3: [(70.0, 0.05, 0.0040)],
+        }
+    )
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=600)
+    probed = _noisy_search(planner, windows)
+    assert probed[:5] == [0, 1, 1, 4, 2], probed
+    assert planner.results[4].note == "between 1 worker, slower, and the jump to 4: measured"
+    decision = planner.decide()
+    assert decision.num_workers == 2 and decision.verdict == "improved", decision.table()
 
 
 @pytest.mark.parametrize(
