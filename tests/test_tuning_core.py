@@ -225,7 +225,7 @@ def test_the_fastest_candidate_wins_and_the_deficit_left_is_reported() -> None:
     decision = planner.decide()
     assert decision.verdict == "improved" and decision.num_workers == 3
     assert decision.remaining_deficit == pytest.approx(0.4) and decision.bounded_by == "cores"
-    assert "4 workers measured 61 steps/s against 60, less than 2% more" in decision.reason
+    assert "4 workers measured 61 steps/s against 60, less than 5% more" in decision.reason
     assert decision.throughput_before == pytest.approx(20.0) and decision.throughput_after == pytest.approx(60.0)
 
 
@@ -277,29 +277,11 @@ def test_a_wait_for_batches_already_made_gets_no_more_workers() -> None:
         assert decision is None or decision.setting == LoaderSettings(4, 2)
 
 
-def test_a_worker_past_the_core_limit_that_pays_less_than_min_gain_is_still_kept() -> None:
-    # cpu_16ms_step_waits: 3 workers ran 3 % faster than 2 in the steady state and measured 2 to 6 % faster
-    # in the tuner's windows. Held to min_gain (the bar for changing the user's settings at all), the tuner
-    # kept 2 workers, at 0.95 of the grid's best; between two changes, a worker that pays 2 % is kept.
-    planner = Planner(LoaderSettings(1, 2), HostBudget(1, "cores"), FAST, epoch_steps=600)
-    rates = {1: [60.0], 2: [80.0], 3: [82.0], 4: [81.0]}
-    proposal = planner.record(window(rates[1][0], 0.010, 0.017))
-    probed = []
-    while proposal is not None:
-        probed.append(proposal.num_workers)
-        rate = rates[proposal.num_workers].pop(0) if rates[proposal.num_workers] else 60.0
-        proposal = planner.record(window(rate, 0.010, 0.017 * proposal.num_workers / 2))
-    assert probed == [2, 3, 4, 1]  # 3 paid, so a fourth was measured; then the user's settings again
-    decision = planner.decide()
-    assert decision.num_workers == 3 and decision.verdict == "improved", decision.table()
-    assert "4 workers measured 81 steps/s against 82, less than 2% more" in decision.reason
-
-
 def test_a_setting_measured_again_is_judged_on_both_windows() -> None:
-    # 3 workers measured 1.25 % above 2 (past the predicted core limit, short of the 2 % that pays), then
-    # 2.5 %: the lucky second window alone would pay; both together (1.9 %) do not.
+    # 3 workers measured 2.5 % above 2 (past the predicted core limit, short of the 5 % that pays), then
+    # 6 %: the lucky second window alone would pay; both together (4 %) do not.
     planner = Planner(LoaderSettings(1, 2), HostBudget(1, "cores"), FAST, epoch_steps=600)
-    rates = {1: [60.0], 2: [80.0], 3: [81.0, 82.0]}
+    rates = {1: [60.0], 2: [80.0], 3: [82.0, 85.0]}
     proposal = planner.record(window(rates[1][0], 0.010, 0.017))
     probed = []
     while proposal is not None:
@@ -309,7 +291,7 @@ def test_a_setting_measured_again_is_judged_on_both_windows() -> None:
     assert probed == [2, 3, 3, 1]  # then the user's settings again, after the candidates
     decision = planner.decide()
     assert decision.num_workers == 2, decision.table()
-    assert "3 workers measured 81.5 steps/s against 80" in decision.reason
+    assert "3 workers measured 83.5 steps/s against 80" in decision.reason
 
 
 def test_a_spent_probe_budget_still_measures_the_users_settings_again_before_they_are_replaced() -> None:

@@ -32,20 +32,11 @@ PROBE_BUDGET = "probe_budget"
 PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
-RESOURCE_GAIN = 0.02
-"""The gain that buys one candidate more of the host than another: past the predicted core limit, one more
-worker counts where it measured at least 2 % faster than fewer workers; of the candidates that replace the
-user's settings, a cheaper one is kept only where the fastest beat it by less (and by less than the windows'
-noise). Smaller than ``TuneOptions.min_gain``, the bar for changing the user's settings at all: between two
-changes, that bar would give away up to its whole share of the step rate for cores and memory the budget
-already allows (cpu_16ms_step_waits: 3 workers ran 3 % faster than 2 in the steady state and measured 4 %
-faster over two windows; held to 5 %, the tuner kept 2, at 0.95 of the grid's best)."""
-
 STEP_SLOWDOWN = 0.1
 """Past the predicted core limit, a setting whose step's own time grew by more than 10 % over the fastest
 measured step must measure faster than fewer workers by more than the windows' noise, not only by
-``RESOURCE_GAIN``: it took CPU from the training step, and only a gain the windows can tell from noise
-outweighs that."""
+``min_gain``: it took CPU from the training step, and only a gain the windows can tell from noise outweighs
+that."""
 
 NOISE_BLOCK_STEPS = 4
 """A window's noise is read from the rates of its consecutive blocks of this many steps."""
@@ -248,7 +239,7 @@ class Planner:
         return self.budget.workers_bound == CORES and setting.num_workers > self.budget.max_workers
 
     def _paid(self, setting: LoaderSettings, m: WindowSnapshot) -> bool:
-        """A setting past the predicted core limit counts when it measured ``RESOURCE_GAIN`` faster than every
+        """A setting past the predicted core limit counts when it measured ``min_gain`` faster than every
         setting with fewer workers (and by more than the windows' noise where the step's own time grew by more
         than ``STEP_SLOWDOWN``)."""
         return self._gain_short(setting, m) is None
@@ -261,7 +252,7 @@ class Planner:
         if not any(s.num_workers < setting.num_workers for s in self.measurements):
             return None
         gained, noise = self._gained(setting, m)
-        margin = max(RESOURCE_GAIN, noise) if self._step_slowed(m) else RESOURCE_GAIN
+        margin = max(self.options.min_gain, noise) if self._step_slowed(m) else self.options.min_gain
         return None if gained >= margin else margin
 
     def _gained(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, float]:
@@ -286,7 +277,7 @@ class Planner:
         fewer = [(s, m) for s, m in self.measurements.items() if s.num_workers < best.num_workers]
         if fewer:
             previous = max(fewer, key=lambda item: item[0].num_workers)[1]
-            if best_m.sustained_rate < previous.sustained_rate * (1 + RESOURCE_GAIN):
+            if best_m.sustained_rate < previous.sustained_rate * (1 + self.options.min_gain):
                 return None  # the last worker did not pay: the next one will not either
         workers = best.num_workers + 1
         if not self.budget.workers_verifiable(workers):
@@ -446,14 +437,14 @@ class Planner:
         return self._second_window(setting, note)
 
     def _third_window(self, setting: LoaderSettings, m: WindowSnapshot) -> _Proposal | None:
-        """Once per search, a third window for a setting whose two measured ``RESOURCE_GAIN`` faster than fewer
+        """Once per search, a third window for a setting whose two measured ``min_gain`` faster than fewer
         workers but, with a step that slowed (``STEP_SLOWDOWN``), not by more than their noise: where the step's
         threads and the workers share the cores, one window of the same workers may read 25 % below the
         next. Three windows together decide (their noise is smaller); none of a setting that gained less.
         """
         margin = self._gain_short(setting, m)
         gained, _ = self._gained(setting, m)
-        if self._thrice or margin is None or gained < RESOURCE_GAIN:
+        if self._thrice or margin is None or gained < self.options.min_gain:
             return None
         self._thrice = True
         note = f"measured a third time: {gained:.0%} faster than fewer workers, within their noise ({margin:.0%})"
@@ -664,9 +655,9 @@ class Planner:
         ``base``) where none beats them (:meth:`_beats_yours`).
 
         Of the settings that beat the user's (and paid past the predicted core limit), those the fastest did not
-        measure faster than by ``RESOURCE_GAIN`` and by more than the windows' noise are alike as measured: the one
+        measure faster than by ``min_gain`` and by more than the windows' noise are alike as measured: the one
         with the fewest batches in flight (then workers) is kept, the one that costs the host least memory,
-        processes and CPU. Never one the fastest beat by ``RESOURCE_GAIN`` or more, however noisy the windows: the
+        processes and CPU. Never one the fastest beat by ``min_gain`` or more, however noisy the windows: the
         measured difference is still the best estimate of what the cheaper one would lose (bursty, where
         bursts swing the windows' blocks: 2 workers 15 % below 5 in windows whose noise read 15 %, and 25 %
         below the grid's best in the steady state).
@@ -680,14 +671,18 @@ class Planner:
             return self.original, base, ""
         fastest, fastest_m = max(winners, key=lambda item: item[1].sustained_rate)
         top = fastest_m.sustained_rate
-        alike = [(s, m) for s, m in winners if top <= m.sustained_rate * (1 + min(RESOURCE_GAIN, _noise(m, fastest_m)))]
+        alike = [
+            (s, m)
+            for s, m in winners
+            if top <= m.sustained_rate * (1 + min(self.options.min_gain, _noise(m, fastest_m)))
+        ]
         chosen, chosen_m = min(alike, key=lambda item: (item[0].batches_in_flight, item[0].num_workers))
         why = ""
         if chosen != fastest:
             more = "batches in flight" if fastest.batches_in_flight > chosen.batches_in_flight else "workers"
             why = (
                 f"; {fastest.label} measured {top / chosen_m.sustained_rate - 1:.0%} faster, within the windows' "
-                f"noise ({_noise(chosen_m, fastest_m):.0%}) and less than {RESOURCE_GAIN:.0%}, "
+                f"noise ({_noise(chosen_m, fastest_m):.0%}) and less than {self.options.min_gain:.0%}, "
                 f"with more {more}"
             )
         return chosen, chosen_m, why
@@ -754,10 +749,10 @@ class Planner:
             if chosen_m is not None:
                 return (
                     f": {_workers(setting.num_workers)} measured {m.sustained_rate:.3g} steps/s against "
-                    f"{chosen_m.sustained_rate:.3g}, less than {RESOURCE_GAIN:.0%} more"
+                    f"{chosen_m.sustained_rate:.3g}, less than {self.options.min_gain:.0%} more"
                 )
         if bounded_by == CORES and chosen.num_workers >= self.budget.max_workers:
-            return f": the last worker added paid less than {RESOURCE_GAIN:.0%}, so no more were tried"
+            return f": the last worker added paid less than {self.options.min_gain:.0%}, so no more were tried"
         return ""
 
     def _bounded_by(self, chosen: LoaderSettings, deficit: float) -> str | None:
