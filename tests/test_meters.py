@@ -286,7 +286,7 @@ def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
         return figures
 
     ranks = [rank(0.1, 1, 2e6), rank(0.7, 1, 2e6), rank(0.2, 2, 1e6)]
-    out = ranks[0].summary(this_rank=0, sync_fn=_gathered_from(ranks), world_size=3)
+    out = summarise(ranks[0].gather(sync_fn=_gathered_from(ranks), world_size=3), this_rank=0)
     assert out.worst_rank == 1
     assert out.metrics["loadguard/wait_fraction"] == 0.7
     assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
@@ -323,19 +323,19 @@ def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> No
         figures = RankFigures()
         figures.update({"wait_fraction": host_wait, "device_data_idle_fraction": device_idle, "host_key": 7.0})
         ranks.append(figures)
-    out = ranks[0].summary(this_rank=0, sync_fn=_gathered_from(ranks), world_size=2)
+    out = summarise(ranks[0].gather(sync_fn=_gathered_from(ranks), world_size=2), this_rank=0)
     assert out.worst_rank == 0 and out.rank_wait_fractions == (0.3, 0.02)
 
 
 def test_a_single_process_without_a_process_group_combines_its_own_figures() -> None:
     figures = RankFigures()
     figures.update({"wait_fraction": 0.3, "gpu_util": 50.0, "host_key": 3.0})
-    out = figures.summary(this_rank=0)
+    out = summarise(figures.gather(), this_rank=0)
     assert out.metrics["loadguard/wait_fraction"] == 0.3 and out.metrics["loadguard/gpu_util"] == 50.0
     assert out.processes_on_host == 1 and "loadguard/worst_rank" not in out.metrics
     # The states start afresh for the next logging step.
     figures.update({"host_key": 3.0})
-    assert "loadguard/gpu_util" not in figures.summary(this_rank=0).metrics
+    assert "loadguard/gpu_util" not in summarise(figures.gather(), this_rank=0).metrics
 
 
 def test_batch_nbytes_and_host_facts() -> None:

@@ -118,12 +118,13 @@ class RankFigures(Metric):
     """One logging step's figures of every rank (``FIELDS``), combined into the logged metrics.
 
     All of a rank's figures travel as one row (one collective per logging step, whatever the number of
-    figures); the rows of all ranks are gathered (``"cat"``) and :meth:`summary` chooses from them.
+    figures); the rows of all ranks are gathered (``"cat"``, :meth:`gather`) and :func:`summarise` chooses
+    from them.
 
     Example:
         >>> figures = RankFigures()
         >>> figures.update({"wait_fraction": 0.25, "host_key": 7.0, "inflight_bytes": 2e6})
-        >>> summary = figures.summary(this_rank=0)
+        >>> summary = summarise(figures.gather(), this_rank=0)
         >>> summary.metrics["loadguard/wait_fraction"], summary.metrics["loadguard/inflight_host_mb"]
         (0.25, 2.0)
     """
@@ -157,10 +158,6 @@ class RankFigures(Metric):
             if self._is_synced:
                 self.unsync()
             self.figures = torch.full((len(FIELDS),), _NAN, dtype=torch.float64, device=self.device)
-
-    def summary(self, this_rank: int = 0, sync_fn: SyncFn | None = None, world_size: int = 1) -> RankSummary:
-        """:meth:`gather`, then :func:`summarise`."""
-        return summarise(self.gather(sync_fn, world_size), this_rank)
 
 
 def _row(values: dict[str, float]) -> list[float]:
