@@ -214,11 +214,11 @@ def test_the_fastest_candidate_wins_and_the_deficit_left_is_reported() -> None:
     planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), FAST, epoch_steps=400)
     proposal = planner.record(window(20.0, 0.010, 0.05))
     assert proposal == LoaderSettings(3, 2)  # Little's law asks for 6; the cores are predicted to allow 3
-    # 3 workers paid: a fourth is measured past the predicted limit, and found no faster, twice (a window
-    # that measured it faster than the best without paying gets one more).
-    assert planner.record(window(60.0, 0.010, 0.05)) == LoaderSettings(4, 2)
-    assert planner.record(window(61.0, 0.010, 0.066)) == LoaderSettings(4, 2)
-    assert planner.continuing and planner.steps_for(LoaderSettings(4, 2)) == FAST.warmup_steps + planner.window_steps
+    # 3 workers paid: a fourth is measured past the predicted limit (one batch each), and found no faster,
+    # twice (a window that measured it faster than the best without paying gets one more).
+    assert planner.record(window(60.0, 0.010, 0.05)) == LoaderSettings(4, 1)
+    assert planner.record(window(61.0, 0.010, 0.066)) == LoaderSettings(4, 1)
+    assert planner.continuing and planner.steps_for(LoaderSettings(4, 1)) == FAST.warmup_steps + planner.window_steps
     # The search is over and 3 workers would replace the user's settings: those are measured again, last.
     assert planner.record(window(61.0, 0.010, 0.066)) == LoaderSettings(0)
     assert planner.record(window(20.0, 0.010, 0.05)) is None
@@ -256,7 +256,38 @@ def test_a_wait_the_measured_times_do_not_explain_gets_workers_not_a_deeper_buff
     steady = window(70.0, 0.010, 0.017)
     assert steady.wait_fraction > 0.25
     proposal = planner.record(steady)
-    assert proposal is not None and (proposal.num_workers, proposal.prefetch) == (3, 2), planner.current_note
+    assert proposal is not None and (proposal.num_workers, proposal.prefetch) == (3, 1), planner.current_note
+
+
+@pytest.mark.parametrize(
+    ("yours", "probed"), [(LoaderSettings(1, 2), LoaderSettings(2, 1)), (LoaderSettings(1, 4), LoaderSettings(2, 4))]
+)
+def test_a_worker_count_past_the_core_limit_is_probed_at_one_batch_per_worker(
+    yours: LoaderSettings, probed: LoaderSettings
+) -> None:
+    # Past the predicted core limit each batch made ahead of the step takes a core from it: the next count
+    # starts at one batch per worker (torch's default depth of 2 was chosen for no host), unless the depth was
+    # chosen deeper than that (by the user, or by the buffer replay), which is kept.
+    planner = Planner(yours, HostBudget(1, "cores"), FAST, epoch_steps=600)
+    proposal = planner.record(window(53.0, 0.010, 0.017))
+    assert proposal == probed, planner.current_note
+    assert planner.current_note.startswith("past the predicted core limit of 1")
+
+
+def test_the_count_a_jump_passed_over_is_measured_before_a_deeper_buffer_for_the_jump() -> None:
+    # 1 worker read below in-process, and the jump to 4 workers (one batch each) 30 % above it, in a window
+    # whose bursts the buffer replay would absorb at prefetch 2. Which worker count wins the cores is not a
+    # question of depth: 2 workers, which the jump passed over, are measured first, then the deeper buffer.
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
+    assert planner.record(window(55.0, 0.0024, 0.0166)) == LoaderSettings(1, 2)
+    assert planner.record(window(41.0, 0.0024, 0.0166)) == LoaderSettings(4, 1)
+    steps, step_s = FAST.window_steps, 0.010
+    assert steps is not None
+    bursty = snapshot(steps, step_s, mean_wait_s=1 / 72.0 - step_s, production_s=(0.002,) * 7 + (0.07,), made=steps)
+    assert planner.record(bursty) == LoaderSettings(2, 1), planner.current_note
+    assert planner.current_note.startswith("between 1 worker, slower, and the jump to 4")
+    assert planner.record(window(60.0, 0.0024, 0.0166)) == LoaderSettings(4, 2)
+    assert planner.current_note == "deeper buffer for bursts (replay)"
 
 
 def test_a_wait_for_batches_already_made_gets_no_more_workers() -> None:
@@ -585,9 +616,13 @@ def test_a_jump_read_low_within_its_windows_noise_is_measured_again_at_once() ->
     probed = _noisy_search(planner, windows)
     assert probed[:4] == [0, 1, 4, 4]
     assert "below the best, within the windows' noise" in planner.results[3].note
-    # Both windows together: 58 steps/s, 6 % above in-process, by less than their noise (blocks swinging by
-    # 20 %): not a gain to change the user's settings for.
-    assert planner.measurements[LoaderSettings(4, 2)].sustained_rate == pytest.approx(48 / (24 / 50 + 24 / 70))
+    # Its windows together (58 steps/s for the first two, 6 % above in-process; a third once the search is
+    # over): above in-process by less than their noise (blocks swinging by 20 %), not a gain to change the
+    # user's settings for.
+    rates = [r.rate for r in planner.results if r.setting == LoaderSettings(4, 1)]
+    assert rates[:2] == pytest.approx([50.0, 70.0])
+    joined = len(rates) * 24 / sum(24 / r for r in rates if r)
+    assert planner.measurements[LoaderSettings(4, 1)].sustained_rate == pytest.approx(joined)
     decision = planner.decide()
     assert decision.num_workers == 0 and decision.verdict == "no_gain", decision.table()
     assert "by more than the windows' noise" in decision.reason
@@ -609,7 +644,7 @@ def test_a_best_twice_within_the_windows_noise_of_yours_gets_a_third_window(thir
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
     # Where 4 workers would replace in-process loading, in-process is measured again, last.
     assert _noisy_search(planner, windows) == [0, 1, 4, 4, 2, 5, 4] + ([0] if kept else [])
-    third_window = [r for r in planner.results if r.setting == LoaderSettings(4, 2)][-1]
+    third_window = [r for r in planner.results if r.setting == LoaderSettings(4, 1)][-1]
     assert third_window.note.startswith("measured a third time: 6% above your settings")
     assert planner.decide().num_workers == kept, planner.decide().table()
 
@@ -707,15 +742,15 @@ def test_a_setting_its_first_window_could_not_tell_from_the_best_is_measured_aga
     # the warm window joins the cold one (together 14 % over in-process, past the doubled margin); it pays.
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
     assert planner.record(window(52.0, 0.0026, 0.0164)) == LoaderSettings(1, 2)
-    assert planner.record(window(41.0, 0.0113, 0.0196)) == LoaderSettings(4, 2)
+    assert planner.record(window(41.0, 0.0113, 0.0196)) == LoaderSettings(4, 1)
     planner.record(window(53.0, 0.0137, 0.031))
     # A setting that read faster and did not pay is measured again, but a jump's count passed over comes first.
-    assert planner.current == LoaderSettings(2, 2), planner.current_note
-    assert planner.record(window(45.0, 0.0130, 0.031)) == LoaderSettings(4, 2)
+    assert planner.current == LoaderSettings(2, 1), planner.current_note
+    assert planner.record(window(45.0, 0.0130, 0.031)) == LoaderSettings(4, 1)
     assert planner.current_note.startswith("measured again")
     proposal = planner.record(window(67.0, 0.0120, 0.031))
     while proposal is not None:
-        assert proposal != LoaderSettings(4, 2)
+        assert proposal != LoaderSettings(4, 1)
         proposal = planner.record(window(50.0, 0.0130, 0.031))
     decision = planner.decide()
     assert decision.num_workers == 4 and decision.verdict == "improved", decision.table()

@@ -13,7 +13,7 @@ import operator
 from dataclasses import dataclass, replace
 from statistics import fmean, stdev
 
-from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.settings import DEFAULT_PREFETCH, LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.buffer import simulate_buffer
@@ -334,10 +334,19 @@ class Planner:
         return None if proposal is None or self._tried(proposal.setting) else proposal
 
     def _verified(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
-        """``workers`` past the predicted core limit, at ``base``'s prefetch but at least 2 (the depth a new
-        worker count starts from), as deep as memory allows."""
+        """``workers`` past the predicted core limit, at one batch per worker (a depth deeper than torch's
+        default, chosen by the user or by the buffer replay, is kept), as deep as memory allows.
+
+        Past that limit the workers and the loop share the cores: ``workers`` batches in flight are already a
+        buffer of that many, and each further batch a worker makes ahead of the step takes a core from it. In
+        the steady state of benchmarks/tune_pipelines.py, prefetch 1 ran 1 to 3 % faster than torch's default
+        of 2 at every worker count past the limit (cpu_16ms_step_waits: 2, 3 and 4 workers 79.2, 82.3, 79.5
+        steps/s at prefetch 1 against 78.2, 80.6, 77.8 at 2), and the grid's best was at prefetch 1 on every
+        pipeline whose workers outnumber the cores. Where bursts need more, the replay proposes it
+        (:meth:`_deeper`).
+        """
         deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=base.pin_memory)
-        prefetch = min(max(base.prefetch, 2), deepest)
+        prefetch = min(base.prefetch if base.prefetch > DEFAULT_PREFETCH else 1, deepest)
         if prefetch < 1:
             return None
         return _Proposal(replace(base, num_workers=workers, prefetch_factor=prefetch), note, verify=True)
@@ -526,10 +535,12 @@ class Planner:
             and not self._tried(target.setting)
         ):
             return target
-        # A deeper buffer costs memory only; a worker past the predicted core limit may cost the step.
+        # The count a jump passed over first: which worker count wins the cores is not a question of depth. Then
+        # a deeper buffer (it costs memory only) before a worker past the predicted core limit (it may cost the
+        # step).
         return (
-            self._deeper(best_setting, best_m, consumer)
-            or self._between_jumped(best_setting)
+            self._between_jumped(best_setting)
+            or self._deeper(best_setting, best_m, consumer)
             or self._verify_more(best_setting, best_m, target)
             or self._pinning(best_setting)
         )
