@@ -601,19 +601,26 @@ def _noisy_search(planner: Planner, windows: dict[int, list[WindowSnapshot]]) ->
     return probed
 
 
+def _search_past_a_jump(
+    four: list[tuple[float, float, float]], more: dict[int, tuple[float, float, float]]
+) -> tuple[Planner, list[int]]:
+    """The cpu_transforms_torch_step search (in-process 55 steps/s, 1 worker 41, 16.6 ms per batch) on one
+    predicted core, with 4 workers' windows and one window for each further count as given (rate, spread of
+    the blocks, step time)."""
+    steady = 0.0166
+    windows = {0: [_blocky(55.0, 0.02, 0.0024, steady)], 1: [_blocky(41.0, 0.02, 0.0024, steady)]}
+    windows[4] = [_blocky(*w, steady) for w in four]
+    windows.update({workers: [_blocky(*w, steady)] for workers, w in more.items()})
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
+    return planner, _noisy_search(planner, windows)
+
+
 def test_a_jump_read_low_within_its_windows_noise_is_measured_again_at_once() -> None:
     # The cpu_transforms_torch_step case: 4 workers beside the step's torch threads read 50 steps/s in one
     # window whose 4-step blocks swing by 20 %, against 55 for loading in-process; measured again, 70.
-    steady = 0.0166
-    windows = {
-        0: [_blocky(55.0, 0.02, 0.0024, steady)],
-        1: [_blocky(41.0, 0.02, 0.0024, steady)],
-        4: [_blocky(50.0, 0.2, 0.0024, steady), _blocky(70.0, 0.2, 0.0024, steady)],
-        5: [_blocky(60.0, 0.2, 0.0030, steady)],
-        2: [_blocky(45.0, 0.02, 0.0024, steady)],
-    }
-    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
-    probed = _noisy_search(planner, windows)
+    planner, probed = _search_past_a_jump(
+        four=[(50.0, 0.2, 0.0024), (70.0, 0.2, 0.0024)], more={5: (60.0, 0.2, 0.0030), 2: (45.0, 0.02, 0.0024)}
+    )
     assert probed[:4] == [0, 1, 4, 4]
     assert "below the best, within the windows' noise" in planner.results[3].note
     # Its windows together (58 steps/s for the first two, 6 % above in-process; a third once the search is
@@ -777,6 +784,18 @@ def test_a_jump_that_read_faster_without_paying_has_the_count_it_passed_over_mea
     assert planner.results[4].note == "between 1 worker, slower, and the jump to 4: measured"
     decision = planner.decide()
     assert decision.num_workers == 2 and decision.verdict == "improved", decision.table()
+
+
+def test_a_jump_whose_two_windows_read_faster_without_paying_has_the_count_it_passed_over_measured() -> None:
+    # 4 workers' first window read below in-process within its noise, the second above: together 1 % faster,
+    # with a step slowed past the margin, unpaid. The count the jump passed over is measured (2 workers,
+    # 64 steps/s, kept), not left behind because the jump's first window read slow.
+    planner, probed = _search_past_a_jump(
+        four=[(50.0, 0.25, 0.0040), (62.0, 0.25, 0.0040)], more={3: (58.0, 0.2, 0.0035), 2: (64.0, 0.02, 0.0026)}
+    )
+    assert probed[:5] == [0, 1, 4, 4, 2], probed
+    assert planner.results[4].note == "between 1 worker, slower, and the jump to 4: measured"
+    assert planner.decide().setting == LoaderSettings(2, 1), planner.decide().table()
 
 
 @pytest.mark.parametrize(

@@ -311,8 +311,8 @@ class Planner:
         self._jumped_over = (slower.num_workers, workers)
         return proposal
 
-    def _between_jumped(self, best: LoaderSettings) -> _Proposal | None:
-        """Once, where the jump's count is the best measured (or measured faster than the best without paying):
+    def _between_jumped(self) -> _Proposal | None:
+        """Once, where the jump's count is the best measured, or measured faster than the best without paying:
         the count halfway between it and the slower one it jumped from, which the jump left unmeasured.
 
         The jump's count is a guess at how many workers win the cores' share; beside a step whose threads
@@ -320,17 +320,25 @@ class Planner:
         benchmarks/tune_pipelines.py's cpu_transforms_torch_step: 2 workers 78 steps/s, 4 workers 73). Where
         the jump read faster than the best but within its windows' noise, the count halfway is measured before
         the jump's second window (one run: 4 workers 8 % above in-process twice, unpaid, the probe budget then
-        spent, and in-process kept at 0.74 of the grid's best, 2 workers).
+        spent, and in-process kept at 0.74 of the grid's best, 2 workers). Until the jump's windows put it in
+        question (its first read it slower, within their noise), the count halfway waits.
         """
         if self._jumped_over is None:
             return None
         slower, jumped = self._jumped_over
+        best = self._best()
+        at_jump = [(s, m) for s, m in self.measurements.items() if s.num_workers == jumped]
+        if best is None or not at_jump:
+            return None
+        jump, jump_m = max(at_jump, key=lambda item: item[1].sustained_rate)
+        if jump != best[0] and jump_m.sustained_rate <= best[1].sustained_rate:
+            return None
         self._jumped_over = None
         middle = (slower + jumped) // 2
-        if best.num_workers != jumped or middle in (slower, jumped) or not self.budget.workers_verifiable(middle):
+        if middle in (slower, jumped) or not self.budget.workers_verifiable(middle):
             return None
         note = f"between {_workers(slower)}, slower, and the jump to {jumped}: measured"
-        proposal = self._verified(best, middle, note)
+        proposal = self._verified(jump, middle, note)
         return None if proposal is None or self._tried(proposal.setting) else proposal
 
     def _verified(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
@@ -428,7 +436,7 @@ class Planner:
                 return None
             # A jump that read faster but did not pay: the count it passed over first, which may pay where the
             # jump's own windows cannot tell it from noise.
-            between = self._between_jumped(setting)
+            between = self._between_jumped()
             if between is not None:
                 return between
             note = _unpaid_note(m, best_m)
@@ -539,7 +547,7 @@ class Planner:
         # a deeper buffer (it costs memory only) before a worker past the predicted core limit (it may cost the
         # step).
         return (
-            self._between_jumped(best_setting)
+            self._between_jumped()
             or self._deeper(best_setting, best_m, consumer)
             or self._verify_more(best_setting, best_m, target)
             or self._pinning(best_setting)
