@@ -516,11 +516,23 @@ class Planner:
         consumer = self._consumer_rate()
         last = self.results[-1].setting
         last_m = self.measurements.get(last)
+        target = self._workers_for(best_setting, best_m, consumer)
         if (
             last_m is not None
             and last_m.sustained_rate < best_m.sustained_rate
-            and last.num_workers > (best_setting.num_workers)
+            and last.num_workers > best_setting.num_workers
         ):
+            if (
+                target is not None
+                and target.setting.num_workers > last.num_workers
+                and last_m.sustained_rate >= best_m.sustained_rate * (1 - _noise(last_m, best_m))
+                and not self._tried(target.setting)
+            ):
+                # Slower by less than the windows' noise, where the cores are predicted to hold the count the
+                # model asks for, is no evidence of contention: that count is measured (bursty, one run: 3
+                # workers' two windows 1.5 % below 2 workers' one, within their noise; the search went between
+                # them, and 2 workers kept ran at 0.80 of the grid's best).
+                return target
             # More workers measured slower (contention): look between the best and the last.
             middle = (best_setting.num_workers + last.num_workers) // 2
             if middle not in (best_setting.num_workers, last.num_workers):
@@ -536,7 +548,6 @@ class Planner:
                 or self._jump(best_setting, best_m, last, consumer)
                 or self._pinning(best_setting)
             )
-        target = self._workers_for(best_setting, best_m, consumer)
         if (
             target is not None
             and target.setting.num_workers > best_setting.num_workers
@@ -582,15 +593,42 @@ class Planner:
 
         Little's law sizes for the mean production time; with a few slow batches among fast ones, the workers
         that match the mean leave the loop waiting on every burst. Replaying the measured sequences through the
-        buffer model finds the count that also absorbs them (within the core budget).
+        buffer model finds the count that also absorbs them. Past a predicted core limit up to ``JUMP_CORES``
+        workers per predicted core: the prediction caps the proposal (:meth:`_with_workers`) and measurements
+        verify past it, but a replay stopped at it would read "no count absorbs the bursts" as "the count
+        Little's law gave does" (bursty, one run: 3 cores predicted from the first window, the replay stopped
+        at 3 gave Little's law's 2, and 2 workers were kept at 0.80 of the grid's best; where the first window
+        predicted 5, the replay asked for 5).
         """
-        if not _profile(m.production_s) or not _profile(m.step_s):
+        production = self._burst_profile(setting, m)
+        if not production or not _profile(m.step_s):
             return start
+        budget = self.budget
+        ceiling = JUMP_CORES * (budget.max_workers + 1) if budget.workers_bound == CORES else budget.max_workers
         # Per-worker times: without workers the in-process fetch times are what one worker would take.
-        for workers in range(max(1, start), max(1, self.budget.max_workers) + 1):
-            if _replayed_wait(m, workers, setting.prefetch) < WAIT_OK:
+        for workers in range(max(1, start), max(1, ceiling) + 1):
+            if not budget.workers_verifiable(workers) and workers > budget.max_workers:
+                break
+            if _replayed_wait(production, _profile(m.step_s), workers, setting.prefetch) < WAIT_OK:
                 return workers
         return max(1, start)
+
+    def _burst_profile(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, ...]:
+        """The per-batch production times the replay sizes workers by: every batch measured at a setting the
+        cores are predicted to hold, in the order measured; past that prediction, ``m``'s own latest.
+
+        Bursts are rare batches, and one window of a few dozen may hold none (bursty, one sample in 29 taking
+        60 ms more, batches of 4: one window of 24 batches in 30), and its replay alone then asks for no more
+        workers. Where the cores hold the workers, a batch takes as long whichever setting made it, so every
+        window measured is a sample of the same bursts. Past the prediction the workers wait for cores, and
+        only the window's own times say how long.
+        """
+        if setting.num_workers > max(1, self.budget.max_workers):
+            return _profile(m.production_s)
+        held = [
+            o.production_s for s, o in self.measurements.items() if s.num_workers <= max(1, self.budget.max_workers)
+        ]
+        return tuple(t for times in held for t in times) or _profile(m.production_s)
 
     def _with_workers(self, setting: LoaderSettings, workers: int, m: WindowSnapshot, note: str) -> _Proposal | None:
         bound = None
@@ -653,7 +691,8 @@ class Planner:
         on a busy host, the hand-over): no depth removes it, and probing depths would only spend the budget
         that more workers need.
         """
-        return _winnable(setting, m) - _replayed_wait(m, setting.num_workers, setting.prefetch) <= WAIT_OK
+        replayed = _replayed_wait(_profile(m.production_s), _profile(m.step_s), setting.num_workers, setting.prefetch)
+        return _winnable(setting, m) - replayed <= WAIT_OK
 
     def _pinning(self, setting: LoaderSettings) -> _Proposal | None:
         if not self.pinning_helps or setting.pin_memory or setting.num_workers < 1:
@@ -825,11 +864,11 @@ def _unpaid_note(m: WindowSnapshot, best_m: WindowSnapshot) -> str:
     return f"measured again: {m.sustained_rate / best_m.sustained_rate - 1:.0%} above the best, unpaid"
 
 
-def _replayed_wait(m: WindowSnapshot, workers: int, prefetch: int) -> float:
-    """The wait fraction the buffer model gives the window's latest production and step times at a setting."""
+def _replayed_wait(production_s: tuple[float, ...], step_s: tuple[float, ...], workers: int, prefetch: int) -> float:
+    """The wait fraction the buffer model gives per-batch production and per-step times at a setting."""
     return simulate_buffer(
-        _profile(m.production_s),
-        _profile(m.step_s),
+        production_s,
+        step_s,
         num_workers=workers,
         prefetch_factor=prefetch,
         steps=REPLAY_MIN_STEPS,
