@@ -42,7 +42,13 @@ def test_figures_match_the_runs_own_clocks(scenario: Scenario) -> None:
     assert wait <= seen.wait_fraction * (1 + TOLERANCE_REL) + WAIT_TOLERANCE_ABS
     assert wait >= seen.production_wait_fraction - WAIT_TOLERANCE_ABS
     # The step is the rest of the period: it also holds what of the profiler's fetch lies outside LoadGuard's.
-    assert metrics["loadguard/step_ms"] == pytest.approx((seen.mean_step_s + outside) * 1e3, rel=TOLERANCE_REL)
+    # The two clocks mark each period's ends microseconds apart, unless the host takes the core between (at the
+    # window's edges that does not cancel out): their disagreement is a share of the period, and the step, the
+    # period less the wait, carries it whole (producer_bound: a step of 13 ms in a period of 32).
+    mean_period_s = sum(seen.period_s) / len(seen.period_s)
+    assert metrics["loadguard/step_ms"] == pytest.approx(
+        (seen.mean_step_s + outside) * 1e3, abs=TOLERANCE_REL * mean_period_s * 1e3
+    )
     assert metrics["loadguard/throughput"] == pytest.approx(seen.throughput, rel=TOLERANCE_REL)
     if scenario.num_workers:
         # A batch finished before the loop asked for it was ready; up to two boundary cases of 21 may differ
