@@ -329,8 +329,9 @@ def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_trainin
 ) -> None:
     """2 ms steps, the trainer logging every 50: LoadGuard logs on every k-th of the trainer's logging steps,
     so that its logging steps' CPU time (timed here) stays within ``LOGGING_SHARE`` of the training's wall time
-    (an independent clock)."""
-    from lightning_loadguard.callback import LOGGING_SHARE
+    (an independent clock), or, where that would take k past ``MAX_LOGGING_STRIDE``, on every
+    ``MAX_LOGGING_STRIDE``-th."""
+    from lightning_loadguard.callback import LOGGING_SHARE, MAX_LOGGING_STRIDE
 
     spent: list[tuple[float, bool]] = []
     publish = LoadGuard._publish
@@ -359,7 +360,11 @@ def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_trainin
     # logging step's cost, which varies by a factor of two or three from one to the next: one outlier, whose
     # pause comes after it, may overrun its share.
     paced = [seconds for seconds, logged in spent[2:] if logged]
-    assert math.fsum(paced) <= 2 * LOGGING_SHARE * clock.seconds + max(paced), (spent, clock.seconds)
+    # A logging step of 2 ms (a busy host, an older Lightning) would need k = 35 here: the cap holds it to 8, and
+    # the cost is then that of one logging step each MAX_LOGGING_STRIDE of the trainer's.
+    at_the_cap = statistics.fmean(paced) * steps / (MAX_LOGGING_STRIDE * 50)
+    allowed = max(LOGGING_SHARE * clock.seconds, at_the_cap)
+    assert math.fsum(paced) <= 2 * allowed + max(paced), (sorted(ours), spent, clock.seconds)
 
 
 def test_on_short_steps_the_step_hooks_run_once_per_interval_not_once_per_few_steps(
