@@ -623,12 +623,11 @@ class Planner:
         window measured is a sample of the same bursts. Past the prediction the workers wait for cores, and
         only the window's own times say how long.
         """
-        if setting.num_workers > max(1, self.budget.max_workers):
+        held = max(1, self.budget.max_workers)
+        if setting.num_workers > held:
             return _profile(m.production_s)
-        held = [
-            o.production_s for s, o in self.measurements.items() if s.num_workers <= max(1, self.budget.max_workers)
-        ]
-        return tuple(t for times in held for t in times) or _profile(m.production_s)
+        pooled = tuple(t for s, o in self.measurements.items() if s.num_workers <= held for t in o.production_s)
+        return pooled or _profile(m.production_s)
 
     def _with_workers(self, setting: LoaderSettings, workers: int, m: WindowSnapshot, note: str) -> _Proposal | None:
         bound = None
