@@ -300,7 +300,7 @@ class Planner:
         if not math.isfinite(consumer):
             return None
         wanted = workers_needed(best_m.mean_production_s, consumer)
-        workers = min(wanted, JUMP_CORES * max(1, self.budget.max_workers + 1))
+        workers = min(wanted, self._furthest_past_limit())
         if workers <= slower.num_workers + 1 or not self.budget.workers_verifiable(workers):
             return None
         note = f"{_workers(slower.num_workers)} measured slower; {workers} may win the cores' share: measured"
@@ -311,7 +311,7 @@ class Planner:
         self._jumped_over = (slower.num_workers, workers)
         return proposal
 
-    def _between_jumped(self) -> _Proposal | None:
+    def _between_jumped(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         """Once, where the jump's count is the best measured, or measured faster than the best without paying:
         the count halfway between it and the slower one it jumped from, which the jump left unmeasured.
 
@@ -326,12 +326,11 @@ class Planner:
         if self._jumped_over is None:
             return None
         slower, jumped = self._jumped_over
-        best = self._best()
         at_jump = [(s, m) for s, m in self.measurements.items() if s.num_workers == jumped]
-        if best is None or not at_jump:
+        if not at_jump:
             return None
         jump, jump_m = max(at_jump, key=lambda item: item[1].sustained_rate)
-        if jump != best[0] and jump_m.sustained_rate <= best[1].sustained_rate:
+        if jump != best and jump_m.sustained_rate <= best_m.sustained_rate:
             return None
         self._jumped_over = None
         middle = (slower + jumped) // 2
@@ -436,7 +435,7 @@ class Planner:
                 return None
             # A jump that read faster but did not pay: the count it passed over first, which may pay where the
             # jump's own windows cannot tell it from noise.
-            between = self._between_jumped()
+            between = self._between_jumped(best, best_m)
             if between is not None:
                 return between
             note = _unpaid_note(m, best_m)
@@ -558,7 +557,7 @@ class Planner:
         # a deeper buffer (it costs memory only) before a worker past the predicted core limit (it may cost the
         # step).
         return (
-            self._between_jumped()
+            self._between_jumped(best_setting, best_m)
             or self._deeper(best_setting, best_m, consumer)
             or self._verify_more(best_setting, best_m, target)
             or self._pinning(best_setting)
@@ -604,14 +603,20 @@ class Planner:
         if not production or not _profile(m.step_s):
             return start
         budget = self.budget
-        ceiling = JUMP_CORES * (budget.max_workers + 1) if budget.workers_bound == CORES else budget.max_workers
+        ceiling = self._furthest_past_limit() if budget.workers_bound == CORES else budget.max_workers
+        steps = _profile(m.step_s)
         # Per-worker times: without workers the in-process fetch times are what one worker would take.
         for workers in range(max(1, start), max(1, ceiling) + 1):
             if not budget.workers_verifiable(workers) and workers > budget.max_workers:
                 break
-            if _replayed_wait(production, _profile(m.step_s), workers, setting.prefetch) < WAIT_OK:
+            if _replayed_wait(production, steps, workers, setting.prefetch) < WAIT_OK:
                 return workers
         return max(1, start)
+
+    def _furthest_past_limit(self) -> int:
+        """The most workers measurements may lead to past a predicted core limit: ``JUMP_CORES`` per predicted
+        core."""
+        return JUMP_CORES * (self.budget.max_workers + 1)
 
     def _burst_profile(self, setting: LoaderSettings, m: WindowSnapshot) -> tuple[float, ...]:
         """The per-batch production times the replay sizes workers by: every batch measured at a setting the
