@@ -104,9 +104,11 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
     tuned, guard, _ = fit(io_bound(), FAST)
     decision = guard.decision
     assert decision is not None
-    # Then the user's settings again, last (the decision replaces them), and back to the decision's 2 workers.
-    assert [c.setting.num_workers for c in decision.candidates] == [1, 2, 2, 1], decision.table()
+    # Then the user's settings again, last (the decision replaces them), in two windows (their workers restart
+    # for the first), and back to the decision's 2 workers.
+    assert [c.setting.num_workers for c in decision.candidates] == [1, 2, 2, 1, 1], decision.table()
     assert decision.candidates[2].steps == FAST.warmup_steps + FAST.window_steps  # warm: no refill
+    assert decision.candidates[4].steps == FAST.warmup_steps + FAST.window_steps
     assert [k.get("num_workers") for k in restarts] == [2, 1, 2]  # measured again without a restart
     assert tuned == untuned
 

@@ -121,6 +121,8 @@ class Planner:
         self._again: set[LoaderSettings] = set()
         self._thrice = False
         self._reference: WindowSnapshot | None = None  # the user's settings measured again, after the candidates
+        self._run: WindowSnapshot | None = None  # the windows of :attr:`current` since its restart, as judged
+        self._before_run: WindowSnapshot | None = None  # :attr:`current`'s windows before that restart
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
 
@@ -155,11 +157,9 @@ class Planner:
             self.probe_steps += self.steps_for(setting)
             self.probe_time_s += window.loop_s
         if not failed and setting == self.original and setting in self.measurements:
-            self._reference = window
+            self._reference = self._run = self._settled_run(window)
         elif not failed:
-            earlier = self.measurements.get(setting)
-            # Measured again: one window of a few dozen steps is noisy, two together half as much (per root).
-            self.measurements[setting] = window if earlier is None else earlier.joined(window)
+            self._measured(setting, window)
         elif setting == self.original:
             return None  # the user's own setting failing is the user's error to see, not ours to tune around
         proposal = self._propose()
@@ -190,6 +190,38 @@ class Planner:
         self.continuing = again and not failed
         self.current, self.current_note = proposal.setting, proposal.note
         return proposal.setting
+
+    def _measured(self, setting: LoaderSettings, window: WindowSnapshot) -> None:
+        """Store ``window`` of ``setting`` with the setting's earlier windows (see :meth:`_settled_run`)."""
+        if not self.continuing:
+            self._before_run = self.measurements.get(setting)
+        self._run = self._settled_run(window)
+        self.measurements[setting] = self._run if self._before_run is None else self._before_run.joined(self._run)
+
+    def _settled_run(self, window: WindowSnapshot) -> WindowSnapshot:
+        """The windows of :attr:`current` since its restart, ``window`` the latest, without those that were
+        still settling (:func:`_settled_after`).
+
+        Measured again, one window of a few dozen steps is noisy and two together half as much (per root).
+        But a loader may run below its steady rate for dozens of steps after its workers start: in
+        benchmarks/restart_settling.py the first three 24-step windows of cpu_16ms_step_waits (2 workers)
+        read 0.90 to 0.92 of the steady rate, the first two of cpu_transforms_torch_step 0.84 and 0.89 (in
+        tunings, 46 then 64 and 49 then 72 steps/s). Joined to a steady window, such a window pulls the setting
+        below the user's settings, which were measured without a restart where they load in-process.
+        """
+        if not self.continuing or self._run is None:
+            return window
+        faster = _settled_after(self._run, window)
+        if faster is None:
+            return self._run.joined(window)
+        gain, noise = faster
+        last = self.results[-1]
+        self.results[-1] = replace(
+            last,
+            note=f"{last.note}; {gain:.0%} faster than before, beyond the windows' noise ({noise:.0%}): "
+            "the windows before, still settling after the restart, set aside",
+        )
+        return window
 
     def warmup_for(self, setting: LoaderSettings, *, continuing: bool | None = None) -> int:
         """Steps discarded after switching to ``setting``: ``warmup_steps``, or its batches in flight where more
@@ -378,8 +410,10 @@ class Planner:
     def _propose(self) -> _Proposal | None:
         base = self._baseline
         best = self._best()
-        if base is None or best is None or self._reference is not None:
-            return None  # the user's settings measured again are the last window: the decision is made on them
+        if self._reference is not None:
+            return self._reference_settling()  # then the decision is made on the user's settings measured again
+        if base is None or best is None:
+            return None
         best_setting, best_m = best
         if _winnable(best_setting, best_m) < WAIT_OK:
             return self._pinning(best_setting) or self._reference_again(base)
@@ -411,6 +445,21 @@ class Planner:
         if chosen == self.original:
             return None
         return _Proposal(self.original, "your settings again, after the candidates: the run's windows drift")
+
+    def _reference_settling(self) -> _Proposal | None:
+        """Once, where the user's settings start workers: the user's settings measured again after the candidates
+        get a second window, while they run (no probe steps, like the first).
+
+        Their first window after the restart may not have settled (:meth:`_settled_run`), and a candidate
+        measured twice is judged without such a window: the user's settings get the same chance. Without
+        workers nothing restarts. Not where the epochs the probing spans have no room left for the window.
+        """
+        if self.original.num_workers < 1 or sum(1 for r in self.results if r.setting == self.original) != 2:
+            return None
+        measured = sum(r.steps for r in self.results)
+        if measured + self.steps_for(self.original, continuing=True) > self.epoch_steps * self.span_epochs:
+            return None
+        return _Proposal(self.original, "your settings again, a second window while they run: a loader settles")
 
     def _measure_again(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         """The setting just measured, once more while it still runs, where its window could not tell it from
@@ -878,6 +927,21 @@ def _replayed_wait(production_s: tuple[float, ...], step_s: tuple[float, ...], w
         steps=REPLAY_MIN_STEPS,
         record_levels=False,
     ).wait_fraction
+
+
+def _settled_after(earlier: WindowSnapshot, later: WindowSnapshot) -> tuple[float, float] | None:
+    """How much faster ``later`` ran than ``earlier`` (windows of one setting, without a restart between
+    them) and the two windows' noise, where it ran faster by more than that noise; ``None`` otherwise, or where
+    either window is too short to read its noise from.
+
+    A restart only ever slows the loop while it settles: a later window faster beyond the noise says the
+    earlier one had not settled.
+    """
+    if min(earlier.steps, later.steps) < 2 * NOISE_BLOCK_STEPS:
+        return None
+    gain = later.sustained_rate / earlier.sustained_rate - 1 if earlier.sustained_rate > 0 else 0.0
+    noise = _noise(later, earlier)
+    return (gain, noise) if gain > noise else None
 
 
 def _noise(m: WindowSnapshot, other: WindowSnapshot) -> float:
