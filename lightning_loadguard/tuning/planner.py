@@ -205,9 +205,10 @@ class Planner:
         Measured again, one window of a few dozen steps is noisy and two together half as much (per root).
         But a loader may run below its steady rate for dozens of steps after its workers start: in
         benchmarks/restart_settling.py the first three 24-step windows of cpu_16ms_step_waits (2 workers)
-        read 0.90 to 0.92 of the steady rate, the first two of cpu_transforms_torch_step 0.84 and 0.89 (in
-        tunings, 46 then 64 and 49 then 72 steps/s). Joined to a steady window, such a window pulls the setting
-        below the user's settings, which were measured without a restart where they load in-process.
+        read 0.90 to 0.93 of the steady rate, the first two of cpu_transforms_torch_step 0.84 to 0.86 then
+        0.89 (one tuning: 4 workers 47 then 62 steps/s, 73 in the steady state). Joined to a steady window,
+        such a window pulls the setting below the user's settings, which were measured without a restart where
+        they load in-process.
         """
         if not self.continuing or self._run is None:
             return window
