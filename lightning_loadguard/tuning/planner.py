@@ -200,7 +200,7 @@ class Planner:
 
     def _settled_run(self, window: WindowSnapshot) -> WindowSnapshot:
         """The windows of :attr:`current` since its restart, ``window`` the latest, without those that were
-        still settling (:func:`_settled_after`).
+        still settling (:func:`_settled_after`); the latest row's note says where windows were set aside.
 
         Measured again, one window of a few dozen steps is noisy and two together half as much (per root).
         But a loader may run below its steady rate for dozens of steps after its workers start: in
@@ -439,8 +439,7 @@ class Planner:
         Not where the epochs the probing spans have no room left for the window: a fit that ends inside it
         would end undecided.
         """
-        measured = sum(r.steps for r in self.results)
-        if measured + self.steps_for(self.original) > self.epoch_steps * self.span_epochs:
+        if not self._room_for(self.steps_for(self.original)):
             return None
         chosen, _, _ = self._replacement(base)
         if chosen == self.original:
@@ -455,12 +454,16 @@ class Planner:
         measured twice is judged without such a window: the user's settings get the same chance. Without
         workers nothing restarts. Not where the epochs the probing spans have no room left for the window.
         """
+        # Two rows of the user's settings: their first window and the one after the candidates, nothing since.
         if self.original.num_workers < 1 or sum(1 for r in self.results if r.setting == self.original) != 2:
             return None
-        measured = sum(r.steps for r in self.results)
-        if measured + self.steps_for(self.original, continuing=True) > self.epoch_steps * self.span_epochs:
+        if not self._room_for(self.steps_for(self.original, continuing=True)):
             return None
         return _Proposal(self.original, "your settings again, a second window while they run: a loader settles")
+
+    def _room_for(self, steps: int) -> bool:
+        """Whether the epochs the probing spans hold ``steps`` more after every window measured."""
+        return sum(r.steps for r in self.results) + steps <= self.epoch_steps * self.span_epochs
 
     def _measure_again(self, best: LoaderSettings, best_m: WindowSnapshot) -> _Proposal | None:
         """The setting just measured, once more while it still runs, where its window could not tell it from
