@@ -19,17 +19,14 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
 from tune_pipelines import Pipeline, loader, pipelines
-
-from lightning_loadguard._lightning import pl
+from workloads import Stopwatch
 
 WARMUP = 4
 WINDOW = 24
@@ -43,21 +40,13 @@ CASES = {
 }
 
 
-class _StepClock(pl.Callback):
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.starts.append(time.perf_counter())
-
-
 def window_rates(pipeline: Pipeline, workers: int, prefetch: int) -> list[float]:
     """Steps/s of each window after the warm-up, in one fit whose workers start with it."""
     steps = WARMUP + WINDOWS * WINDOW + 1
-    clock = _StepClock()
-    trainer = quiet_trainer(max_steps=steps, callbacks=[clock])
+    watch = Stopwatch(WARMUP)  # the start of every step after the warm-up
+    trainer = quiet_trainer(max_steps=steps, callbacks=[watch])
     trainer.fit(pipeline.module(), loader(pipeline, steps, workers, prefetch))
-    starts = clock.starts[WARMUP:]
+    starts = watch.starts
     return [WINDOW / (starts[(k + 1) * WINDOW] - starts[k * WINDOW]) for k in range(WINDOWS)]
 
 

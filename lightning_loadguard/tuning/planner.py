@@ -409,10 +409,10 @@ class Planner:
         return 1.0 / fastest if fastest is not None else math.inf
 
     def _propose(self) -> _Proposal | None:
-        base = self._baseline
-        best = self._best()
         if self._reference is not None:
             return self._reference_settling()  # then the decision is made on the user's settings measured again
+        base = self._baseline
+        best = self._best()
         if base is None or best is None:
             return None
         best_setting, best_m = best
