@@ -105,7 +105,12 @@ def test_without_a_logger_it_measures_and_prints_a_summary(capsys: pytest.Captur
     printed = capsys.readouterr().out
     assert "LoadGuard after the first epoch" in printed
     assert "LoadGuard summary" in printed and "producer capacity" in printed
-    assert guard.metrics["loadguard/wait_fraction"] > 0.3  # in-process production, cheap step
+    # In-process production (4 ms a batch), cheap step (1 ms). Where it fails, the window's steps say where the time
+    # went (the wait, or a step that held something slow).
+    assert guard.snapshot is not None
+    window = zip(guard.snapshot.wait_s, guard.snapshot.step_s, strict=True)
+    steps = [(round(w * 1e3, 1), round(s * 1e3, 1)) for w, s in window]
+    assert guard.metrics["loadguard/wait_fraction"] > 0.3, f"(wait ms, step ms) per step: {steps}"
     assert guard.diagnosis is not None and guard.diagnosis.verdict != "compute_bound"
 
 
