@@ -551,10 +551,11 @@ class Planner:
             key=lambda item: item[1].sustained_rate,
             reverse=True,
         )
-        unpaid = [(s, m) for s, m in faster if not self._paid(s, m) and s not in self._again]
-        twice = [(s, m) for s, m in faster if not self._paid(s, m) and s in self._again]
-        if unpaid:
-            setting, m = unpaid[0]
+        unpaid = [(s, m) for s, m in faster if not self._paid(s, m)]
+        once = [(s, m) for s, m in unpaid if s not in self._again]
+        twice = [(s, m) for s, m in unpaid if s in self._again]
+        if once:
+            setting, m = once[0]
             note = _unpaid_note(m, best_m)
         elif twice and (third := self._third_window(*twice[0])):
             self._confirmed = True
