@@ -17,18 +17,17 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # Each rank's wait against its own clocks (fetches timed by Lightning's profiler, the loop by the module).
-    # Rank 1's loader is the slow one by design; on a busy machine taking even a made batch from a starved
-    # worker can cost rank 0 as much, so which rank waited most is what the clocks say.
+    # Rank 1's loader is the slow one by design, by far more than the straggler gap: the precondition of the
+    # assertions below, checked on the run's own clocks.
     observed = [result["observed_wait_fraction"] for result in ranks]
-    worst = observed.index(max(observed))
+    worst = 1
+    assert observed[1] - observed[0] > STRAGGLER_GAP + 0.2, observed
     # The window's last step ends at the epoch's end for LoadGuard and at the module's last hook for its clock:
     # under DDP the ranks synchronise in between, so one step of 20 may differ by that wait.
     tolerance = {"rel": 0.05, "abs": 0.005}
     for result in ranks:
         # Every rank holds the same combined figures: they were gathered, not guessed.
-        # (Ranks whose waits the clocks cannot tell apart may be named either way.)
-        if max(observed) - min(observed) > 0.02:
-            assert result["metrics"]["loadguard/worst_rank"] == worst
+        assert result["metrics"]["loadguard/worst_rank"] == worst
         assert result["rank_wait_fractions"] == pytest.approx(observed, **tolerance)
         assert result["processes_on_host"] == 2
     # The ranks publish (and meet in its collective) on the same steps, however each paces its logging.
@@ -42,7 +41,6 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     per_rank = 2 * rank0["batch_bytes"]
     assert rank0["inflight_host_bytes"] == 2 * per_rank
     assert rank0["metrics"]["loadguard/inflight_host_mb"] == pytest.approx(2 * per_rank / 1e6)
-    # A rank that waits clearly more than the others is named (by more than the straggler gap, with margin).
-    if max(observed) - min(observed) > STRAGGLER_GAP + 0.05:
-        assert "straggler_rank" in rank0["verdicts"]
-        assert worst in rank0["straggler"].values()
+    # A rank that waits clearly more than the others is named.
+    assert "straggler_rank" in rank0["verdicts"]
+    assert worst in rank0["straggler"].values()

@@ -130,3 +130,16 @@ def test_no_depth_hides_a_deficit(
     deficit = _replayed_mean(prod, n) / workers - _replayed_mean(step, n)
     run = simulate_buffer(prod, step, num_workers=workers, prefetch_factor=prefetch, steps=n)
     assert run.mean_wait_s >= deficit - 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(_times, _times, _workers, _prefetch, _steps)
+def test_the_replay_matches_an_event_simulation_of_torchs_loader(
+    prod: list[float], step: list[float], workers: int, prefetch: int, steps: int
+) -> None:
+    from buffer_oracle import loader_waits
+
+    waits, end = loader_waits(prod, step, workers=workers, prefetch=prefetch, steps=steps)
+    run = simulate_buffer(prod, step, num_workers=workers, prefetch_factor=prefetch, steps=steps)
+    assert run.waits == pytest.approx(waits, abs=1e-9)
+    assert run.elapsed_s == pytest.approx(end, abs=1e-9)

@@ -1,14 +1,18 @@
-"""Capacity arithmetic and the prefetch recommendation, against brute force and known timings."""
+"""Capacity arithmetic and the prefetch recommendation, against brute force and known timings.
+
+The brute force replays a loader through ``buffer_oracle`` (an event simulation of torch's DataLoader written
+in the tests), never through the package's own buffer model.
+"""
 
 from __future__ import annotations
 
 import pytest
+from buffer_oracle import loader_waits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model.budget import host_inflight_bytes, max_batches_in_flight, memory_budget, worker_budget
-from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import (
     PREFETCH_TOLERANCE,
     has_deficit,
@@ -77,12 +81,7 @@ def test_steady_producer_needs_the_smallest_depth() -> None:
 
 def _brute_force_depth(prod: list[float], step: list[float], workers: int) -> int:
     steps = max(256, 4 * max(len(prod), len(step)))
-    waits = [
-        simulate_buffer(
-            prod, step, num_workers=workers, prefetch_factor=p, steps=steps, record_levels=False
-        ).mean_wait_s
-        for p in range(1, 33)
-    ]
+    waits = [sum(loader_waits(prod, step, workers=workers, prefetch=p, steps=steps)[0]) / steps for p in range(1, 33)]
     allowed = waits[-1] + PREFETCH_TOLERANCE * sum(step) / len(step)
     return next(p for p, w in enumerate(waits, start=1) if w <= allowed)
 
@@ -95,8 +94,8 @@ def test_bursts_get_a_depth_that_absorbs_them() -> None:
     assert advice is not None
     assert abs(advice.prefetch_factor - _brute_force_depth(prod, [0.1], 2)) <= 1
     assert advice.expected_wait_s <= advice.optimum_wait_s + PREFETCH_TOLERANCE * 0.1
-    shallow = simulate_buffer(prod, [0.1], num_workers=2, prefetch_factor=1, steps=256)
-    assert shallow.wait_fraction > 0.2
+    shallow_waits, elapsed = loader_waits(prod, [0.1], workers=2, prefetch=1, steps=256)
+    assert sum(shallow_waits) / elapsed > 0.2
     assert advice.expected_wait_fraction < 0.05
 
 
