@@ -15,6 +15,7 @@ from lightning_loadguard._moved import moved_names
 from lightning_loadguard._warnings import LoadGuardWarning
 from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
 from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Finding
+from lightning_loadguard.model.forecast import Forecast, WhatIf
 from lightning_loadguard.position import LoaderPosition, PositionMismatchError
 from lightning_loadguard.position.plan import NonReproducibleOrderError
 from lightning_loadguard.tuning import TuneDecision, TuneOptions
@@ -24,6 +25,7 @@ __all__ = [
     "VERDICTS",
     "Diagnosis",
     "Finding",
+    "Forecast",
     "LoadGuard",
     "LoadGuardWarning",
     "LoaderPosition",
@@ -32,6 +34,7 @@ __all__ = [
     "ResumableLoaderMixin",
     "TuneDecision",
     "TuneOptions",
+    "WhatIf",
     "custom_scalars_layout",
 ]
 __version__ = "0.1.0"

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from lightning_loadguard._tuner_adapter import TunerAdapter
+    from lightning_loadguard.model.forecast import Forecast, ForecastFacts
     from lightning_loadguard.tuning import TuneDecision, TuneOptions
 
 DEFAULT_WINDOW = 100
@@ -206,6 +207,7 @@ class LoadGuard(_pl.Callback):
         self._history: deque[tuple[int, WindowSnapshot]] = deque(maxlen=5)
         self._stable = StableDiagnosis()
         self._unlogged_change = False
+        self._node_forecast: Forecast | None = None  # the node's every device, where it has more than the run uses
 
     # -- plumbing --------------------------------------------------------------------------------------
 
@@ -447,6 +449,7 @@ class LoadGuard(_pl.Callback):
         stopped_at = _pl.log_step(trainer) - 1
         log = self._stopping(trainer) and self._logged_step != stopped_at
         self._publish(trainer, log=log, closing=True, step=stopped_at)
+        self._guarded("forecasting the node", self._forecast_at_end, trainer, stopped_at)
         if trainer.world_size > 1:
             # The closing gather can be the run's last collective: a rank that leaves it and exits while another
             # still receives its part aborts that one at exit (ddp_spawn on gloo: "terminate called without an
@@ -685,4 +688,88 @@ class LoadGuard(_pl.Callback):
         )
         if self.diagnosis is not None:
             text += "\n\n" + plain_text(self.diagnosis.to_text())
+        node = self._node_forecast
+        if node is not None and not node.holds:
+            text += (
+                f"\n\nOn all {node.ranks_per_node} devices of this node these settings would not hold: "
+                f"{node.sentence()} (LoadGuard.forecast; docs/forecast.md)"
+            )
         return text
+
+    # -- forecast --------------------------------------------------------------------------------------
+
+    def forecast(
+        self,
+        *,
+        ranks_per_node: int | None = None,
+        usable_cores: float | None = None,
+        other_cores: float | None = None,
+        available_ram_bytes: int | None = None,
+        shm_free_bytes: int | None = None,
+        step_speedup: float = 1.0,
+        batch_scale: float = 1.0,
+        num_workers: int | None = None,
+        prefetch_factor: int | None = None,
+        pin_memory: bool | None = None,
+    ) -> Forecast:
+        """What more ranks per node, other cores or memory, a faster or slower step, larger batches or other loader
+        settings would do, predicted from this run's latest window (every argument left out keeps the measured
+        value; see ``docs/forecast.md`` for the method and its limits).
+
+        Args:
+            ranks_per_node: training processes per node.
+            usable_cores: cores each process may use; other_cores: cores other work takes of them (default: the
+                share other work took here).
+            available_ram_bytes, shm_free_bytes: the node's available RAM and free ``/dev/shm``.
+            step_speedup: the step takes ``1 / step_speedup`` of its measured time (2: twice as fast).
+            batch_scale: batches this many times as large (production, step and bytes scale with it).
+            num_workers, prefetch_factor, pin_memory: the loader's settings per rank.
+
+        Raises:
+            ValueError: an argument out of range (the message names it and what it allows).
+            RuntimeError: no window was measured yet.
+
+        Example:
+            >>> trainer.fit(model, datamodule)  # doctest: +SKIP
+            >>> print(guard.forecast(ranks_per_node=8, step_speedup=2.0))  # doctest: +SKIP
+        """
+        from lightning_loadguard.model.forecast import WhatIf, forecast
+
+        what_if = WhatIf(
+            ranks_per_node=ranks_per_node, usable_cores=usable_cores, other_cores=other_cores,
+            available_ram_bytes=available_ram_bytes, shm_free_bytes=shm_free_bytes, step_speedup=step_speedup,
+            batch_scale=batch_scale, num_workers=num_workers, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+        )
+        return forecast(self.forecast_facts(), what_if)
+
+    def forecast_facts(self) -> ForecastFacts:
+        """The measured facts :meth:`forecast` starts from (the latest window; what ``loadguard report
+        --what-if`` reads from the logs).
+
+        Raises:
+            RuntimeError: no window was measured yet.
+        """
+        from lightning_loadguard.model.forecast import facts_from_window
+
+        if self.snapshot is None or not self.snapshot.steps:
+            raise RuntimeError(
+                "LoadGuard has measured no window yet: forecast after fit, or once its first window was logged"
+            )
+        earlier = [past for _, past in self._history]
+        return facts_from_window(self.snapshot, earlier, batch_size=self._monitor.settings.batch_size)
+
+    def _forecast_at_end(self, trainer: Any, step: int) -> None:
+        """The facts logged for ``loadguard report --what-if``; the forecast at the node's every device."""
+        from lightning_loadguard.model.forecast import FACTS_TAG, WhatIf, forecast
+
+        if self.snapshot is None or not self.snapshot.steps:
+            return
+        facts = self.forecast_facts()
+        if trainer.global_rank == 0:
+            for logger in trainer.loggers:
+                experiment = getattr(logger, "experiment", None)
+                if _pl.is_tensorboard_logger(logger) and hasattr(experiment, "add_text"):
+                    experiment.add_text(FACTS_TAG, facts.to_text(), global_step=step)
+        devices = _pl.node_device_count(trainer)
+        if devices is not None and devices > facts.ranks_per_node:
+            self._node_forecast = forecast(facts, WhatIf(ranks_per_node=devices))

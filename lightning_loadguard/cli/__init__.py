@@ -10,6 +10,7 @@ Example:
         $ loadguard demo                         # a data-bound run: figures and diagnosis
         $ loadguard demo --auto-tune             # the same run, fixed while it trains
         $ loadguard report ./loadguard_demo_logs --plot rates.png
+        $ loadguard report ./loadguard_demo_logs --what-if ranks_per_node=8,step_speedup=2
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def _report_command(args: argparse.Namespace) -> None:
     runs = read_runs(args.logdir)
     run = select_run(runs, args.logdir, args.run)
     print(format_report(run, [r for r in runs if r is not run]))
+    if args.what_if:
+        from lightning_loadguard.cli._runs import format_forecasts
+
+        print("\n" + format_forecasts(run, args.what_if))
     if args.plot:
         from lightning_loadguard.cli._plot import plot_run
 
@@ -58,6 +63,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return value
+
+
+def _what_if(text: str) -> object:
+    from lightning_loadguard.model.forecast import parse_what_if
+
+    try:
+        return parse_what_if(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot",
         metavar="FILE.png",
         help="also draw producer capacity, consumer rate, throughput and wait fraction over steps (matplotlib)",
+    )
+    report.add_argument(
+        "--what-if",
+        metavar="NAME=VALUE,...",
+        type=_what_if,
+        action="append",
+        help=(
+            "also forecast a change from the run's logged facts (repeat for several), e.g. "
+            "ranks_per_node=8,step_speedup=2; names: ranks_per_node, usable_cores, other_cores, available_ram_bytes, "
+            "shm_free_bytes, step_speedup, batch_scale, num_workers, prefetch_factor, pin_memory (docs/forecast.md)"
+        ),
     )
     report.set_defaults(handler=_report_command)
     return parser

@@ -10,6 +10,7 @@ from typing import Any
 
 from lightning_loadguard.cli import CommandError
 from lightning_loadguard.dashboard import METRICS
+from lightning_loadguard.model.forecast import FACTS_TAG, ForecastFacts, WhatIf, forecast
 from lightning_loadguard.report import format_number, metric_unit, render_markdown, render_table
 
 PREFIX = "loadguard/"
@@ -171,3 +172,25 @@ def format_report(run: RunLog, others: Sequence[RunLog] = ()) -> str:
 def _text_name(tag: str) -> str:
     # SummaryWriter.add_text stores "tag" as "tag/text_summary".
     return tag.removesuffix("/text_summary")
+
+
+def format_forecasts(run: RunLog, what_ifs: Sequence[WhatIf]) -> str:
+    """Each what-if forecast from the facts the run logged at the end of its fit.
+
+    Raises:
+        CommandError: the run logged no forecast facts, or they do not read back.
+    """
+    logged = next((value for tag, value in run.texts.items() if _text_name(tag) == FACTS_TAG), None)
+    if logged is None:
+        raise CommandError(
+            f"{run.path} holds no forecast facts ({FACTS_TAG}): LoadGuard logs them to TensorBoard at the end of fit; "
+            "was the fit finished with this version?"
+        )
+    step, text = logged
+    try:
+        facts = ForecastFacts.from_text(text)
+    except (TypeError, ValueError) as err:
+        raise CommandError(f"the forecast facts logged at step {step} do not read back: {err}") from None
+    parts = [f"Forecast from the facts logged at step {step}:"]
+    parts += [str(forecast(facts, what_if)) for what_if in what_ifs]
+    return "\n\n".join(parts)

@@ -290,24 +290,61 @@ def snapshot_cores(snapshot: WindowSnapshot, *, target_rate: float) -> CoreCheck
         False
     """
     cpu, batch_cpu = snapshot.cpu, snapshot.batch_cpu_s
-    if cpu is None or batch_cpu is None or snapshot.throughput <= 0 or not math.isfinite(target_rate):
+    step_cpu, others = step_cpu_s(snapshot), other_cores(snapshot)
+    if cpu is None or batch_cpu is None or step_cpu is None or others is None or not math.isfinite(target_rate):
         return None
-    # The loop's CPU per step; without workers it holds the batch making, which a worker would take over.
-    loop_per_step = cpu.loop_cores / snapshot.throughput
-    step_cpu = max(0.0, loop_per_step - (batch_cpu if snapshot.settings.num_workers == 0 else 0.0))
-    processes = max(1, snapshot.host.processes_on_host)
-    # What keeps cores from this process: other work on its CPUs, or its container's quota.
-    used = cpu.usable_cores - cpu.spare_cores
-    others = max(0.0, used - cpu.training_cores * processes)
     return check_cores(
         target_rate=target_rate,
         step_cpu_s=step_cpu,
         batch_cpu_s=batch_cpu,
         usable_cores=cpu.usable_cores,
         other_cores=others,
-        processes_on_host=processes,
-        busy_now=None if cpu.busy_cores is None else used,
+        processes_on_host=max(1, snapshot.host.processes_on_host),
+        busy_now=None if cpu.busy_cores is None else cpu.usable_cores - cpu.spare_cores,
     )
+
+
+def step_cpu_s(snapshot: WindowSnapshot) -> float | None:
+    """CPU seconds the training process's threads spent per step over the window, batch making excluded (``None``
+    where CPU use or, without workers, the batch's CPU was not measured).
+
+    Example:
+        >>> from lightning_loadguard.meters.cpu import CpuUse
+        >>> use = CpuUse(window_s=1.0, usable_cores=2.0, host_cores=2, loop_cores=0.5, worker_cores=0.8)
+        >>> snap = WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.1,) * 10, settings=LoaderSettings(2), cpu=use)
+        >>> round(step_cpu_s(snap), 3)
+        0.05
+    """
+    cpu = snapshot.cpu
+    if cpu is None or snapshot.throughput <= 0:
+        return None
+    loop_per_step = cpu.loop_cores / snapshot.throughput
+    if snapshot.settings.num_workers > 0:
+        return loop_per_step
+    # Without workers the loop's CPU holds the batch making, which a worker would take over.
+    batch_cpu = snapshot.batch_cpu_s
+    return None if batch_cpu is None else max(0.0, loop_per_step - batch_cpu)
+
+
+def other_cores(snapshot: WindowSnapshot) -> float | None:
+    """Cores of this process's CPUs that other work used over the window: other jobs, or the container's quota
+    holding them back; the host's other training ranks (taken to use what this one does) are not other work.
+    ``None`` where CPU use was not measured.
+
+    Example:
+        >>> from lightning_loadguard.meters.cpu import CpuUse
+        >>> use = CpuUse(window_s=1.0, usable_cores=4.0, host_cores=4, loop_cores=0.5, worker_cores=1.0,
+        ...              busy_cores=3.8)
+        >>> host = HostFacts(cpu_count=4, processes_on_host=2)
+        >>> snap = WindowSnapshot(wait_s=(0.0,), step_s=(0.1,), host=host, cpu=use)
+        >>> round(other_cores(snap), 2)
+        0.8
+    """
+    cpu = snapshot.cpu
+    if cpu is None:
+        return None
+    used = cpu.usable_cores - cpu.spare_cores
+    return max(0.0, used - cpu.training_cores * max(1, snapshot.host.processes_on_host))
 
 
 def max_batches_in_flight(batch_bytes: int, host: HostFacts, *, uses_shm: bool = True) -> int | None:

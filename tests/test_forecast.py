@@ -1,0 +1,253 @@
+"""The forecast against figures worked out here by hand from the facts it is fed (never the package's own functions).
+
+Steady-state truth for constant times: a step of ``x`` seconds plus a hand-over of ``h`` per fetch, ``W`` workers
+taking ``y`` seconds per batch: each step's period is ``max(x + h, y / W)`` (the slower stage paces the loop, a
+buffer of any depth hides nothing more), and the wait is that period less ``x``. Without workers the period is
+``x + y``. Cores: ``r`` ranks each spending ``c`` CPU seconds per step can run at most ``A / (r c)`` steps/s on
+``A`` free cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from statistics import fmean, pstdev
+
+import pytest
+
+from lightning_loadguard.meters.cpu import CpuUse
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
+from lightning_loadguard.model.forecast import (
+    ForecastFacts,
+    WhatIf,
+    facts_from_window,
+    forecast,
+    parse_what_if,
+)
+
+
+def _facts(**overrides: object) -> ForecastFacts:
+    base: dict[str, object] = dict(
+        production_s=(0.016,) * 64,
+        step_s=(0.020,) * 64,
+        num_workers=1,
+        prefetch_factor=2,
+        cpu_share=1.0,
+        batch_cpu_s=0.016,
+        step_cpu_s=0.0,
+        handover_s=0.0,
+        usable_cores=8.0,
+        host_cores=8,
+    )
+    base.update(overrides)
+    return ForecastFacts(**base)  # type: ignore[arg-type]
+
+
+def _steady(x: float, y: float, workers: int, h: float = 0.0) -> tuple[float, float]:
+    """(throughput, wait fraction) of constant times, worked out by hand."""
+    period = x + y if workers == 0 else max(x + h, y / workers)
+    return 1.0 / period, (period - x) / period
+
+
+@pytest.mark.parametrize(
+    ("what_if", "x", "y", "workers"),
+    [
+        (WhatIf(), 0.020, 0.016, 1),  # as measured: the step paces the loop
+        (WhatIf(step_speedup=2.0), 0.010, 0.016, 1),  # the worker cannot keep up
+        (WhatIf(step_speedup=0.5), 0.040, 0.016, 1),
+        (WhatIf(step_speedup=2.0, num_workers=2), 0.010, 0.016, 2),
+        (WhatIf(num_workers=0), 0.020, 0.016, 0),  # loading in the loop: the two add up
+        (WhatIf(batch_scale=2.0), 0.040, 0.032, 1),
+        (WhatIf(batch_scale=2.0, step_speedup=4.0), 0.010, 0.032, 1),
+    ],
+)
+def test_throughput_and_wait_match_the_steady_state_worked_out_by_hand(
+    what_if: WhatIf, x: float, y: float, workers: int
+) -> None:
+    result = forecast(_facts(), what_if)
+    rate, wait = _steady(x, y, workers)
+    assert result.throughput.value == pytest.approx(rate, rel=1e-6)
+    assert result.wait_fraction.value == pytest.approx(wait, abs=1e-6)
+    # Constant times: no spread, no margin.
+    assert result.throughput.margin == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_hand_over_is_paid_on_every_fetch_and_counts_as_wait() -> None:
+    result = forecast(_facts(handover_s=0.002))
+    rate, wait = _steady(0.020, 0.016, 1, h=0.002)
+    assert result.throughput.value == pytest.approx(rate, rel=1e-6)  # 1 / 22 ms
+    assert result.wait_fraction.value == pytest.approx(wait, abs=1e-6)  # 2 / 22
+    assert result.consumer_rate == pytest.approx(1 / 0.022)
+
+
+def test_workers_needed_follow_littles_law_with_a_fifth_spare() -> None:
+    # A 10 ms step wants 100 batches/s; 16 ms per batch: 1.6 busy workers, x 1.2 = 1.92: 2 workers.
+    assert forecast(_facts(), WhatIf(step_speedup=2.0)).workers_needed == 2
+    # A 5 ms step: 3.2 busy, x 1.2 = 3.84: 4.
+    assert forecast(_facts(), WhatIf(step_speedup=4.0)).workers_needed == 4
+
+
+def test_ranks_that_want_more_cores_than_there_are_share_them() -> None:
+    # Two ranks, two workers each computing 16 ms per batch, a step that waits on an accelerator (no CPU), on
+    # 1 core and nothing else: it carries 1 / (2 x 0.016) = 31.25 steps/s per rank.
+    facts = _facts(num_workers=2, usable_cores=1.0, host_cores=1)
+    result = forecast(facts, WhatIf(ranks_per_node=2))
+    carried = 1.0 / (2 * 0.016)
+    assert result.throughput.value == pytest.approx(carried, rel=1e-3)
+    assert result.wait_fraction.value == pytest.approx(1 - carried * 0.020, abs=1e-3)
+    assert result.limited_by == "cores" and result.binds_first == "cores" and not result.holds
+    assert result.loads["cores"] == pytest.approx(2 * 50 * 0.016 / 1.0)
+    assert result.worker_processes == 4
+
+
+# A busy host, as measured: one worker computing 16 ms per batch waited as long again for a core (half its busy
+# time queued: the measured 32 ms batch), for a 20 ms step that waits on an accelerator; other work used 1.5 of
+# the 2 cores. The worker used 0.5 cores (31.25 batches/s x 16 ms): the host was full. A runnable thread got half
+# a core, so other work kept 1.5 x 2 = 3 threads runnable.
+BUSY = dict(production_s=(0.032,) * 64, production_queued_share=0.5, usable_cores=2.0, host_cores=2,
+            other_cores=1.5)
+
+
+def test_on_a_busy_host_the_measured_run_is_forecast_as_measured() -> None:
+    result = forecast(_facts(**BUSY))
+    assert result.throughput.value == pytest.approx(1 / 0.032, rel=1e-3)
+    assert result.slowdown == pytest.approx(2.0, rel=1e-3)
+
+
+def test_more_ranks_on_a_busy_host_get_their_fair_share_of_the_cores() -> None:
+    # Two workers and 3 other threads runnable on 2 cores: each gets 2 / 5 of a core, a 16 ms batch takes 40 ms.
+    result = forecast(_facts(**BUSY), WhatIf(ranks_per_node=2))
+    assert result.throughput.value == pytest.approx(1 / 0.040, rel=1e-3)
+    assert result.wait_fraction.value == pytest.approx(1 - 0.020 / 0.040, abs=1e-3)
+    assert result.limited_by == "cores"
+
+
+def test_one_usable_core_keeps_other_work_at_its_share_of_each_cpu() -> None:
+    # On 1 of the 2 CPUs other work keeps half its 3 threads: 1.5 of them and the worker share the core (1 / 2.5).
+    result = forecast(_facts(**BUSY), WhatIf(usable_cores=1.0))
+    assert result.throughput.value == pytest.approx(1 / (0.016 * 2.5), rel=1e-3)
+    assert result.available_cores == pytest.approx(1.0 - 0.75)
+    # A node of its own: no other work, the worker keeps up with the step.
+    alone = forecast(_facts(**BUSY), WhatIf(other_cores=0.0))
+    assert alone.throughput.value == pytest.approx(1 / 0.020, rel=1e-3)
+    assert alone.slowdown == 1.0 and alone.limited_by == "step"
+
+
+def test_a_computing_step_slows_with_the_loading_under_processor_sharing() -> None:
+    # In-process loading on 1 core, two ranks: each step computes 20 ms and makes its batch (16 ms of CPU): the
+    # core carries 1 / (2 x 0.036) = 13.9 steps/s per rank, and the wait keeps its share (both parts slow alike).
+    facts = _facts(num_workers=0, step_cpu_s=0.020, usable_cores=1.0, host_cores=1)
+    result = forecast(facts, WhatIf(ranks_per_node=2))
+    assert result.throughput.value == pytest.approx(1 / (2 * 0.036), rel=1e-3)
+    assert result.wait_fraction.value == pytest.approx(0.016 / 0.036, abs=1e-3)
+    assert result.limited_by == "loading in the loop"
+
+
+def test_memory_is_every_ranks_full_queues_against_half_the_ram_and_most_of_the_shm() -> None:
+    facts = _facts(batch_bytes=3_000_000, available_ram_bytes=400_000_000, shm_free_bytes=200_000_000)
+    result = forecast(facts, WhatIf(ranks_per_node=8, num_workers=4, prefetch_factor=3, batch_scale=2.0))
+    inflight = 8 * 4 * 3 * 6_000_000  # ranks x workers x prefetch x bytes: 576 MB
+    assert result.inflight_bytes is not None and result.inflight_bytes.value == inflight
+    assert result.loads["host_memory"] == pytest.approx(inflight / (0.5 * 400_000_000))
+    assert result.loads["shm"] == pytest.approx(inflight / (0.8 * 200_000_000))
+    assert result.binds_first == "shm" and not result.holds
+    pinned = forecast(facts, WhatIf(num_workers=4, prefetch_factor=3, pin_memory=True))
+    assert pinned.inflight_bytes is not None and pinned.inflight_bytes.value == (4 * 3 + 1) * 3_000_000
+    # What the user says the node has replaces what this host had.
+    roomy = forecast(facts, WhatIf(ranks_per_node=8, num_workers=4, prefetch_factor=3, shm_free_bytes=10**10,
+                                   available_ram_bytes=10**10, usable_cores=64.0))
+    assert roomy.binds_first is None and roomy.holds
+
+
+def test_the_margin_spans_two_standard_deviations_of_the_block_means() -> None:
+    # Production drifts between 16 ms and 24 ms blocks (mean 20 ms); a 10 ms step: the worker paces the loop.
+    production = tuple([0.016] * 8 + [0.024] * 8) * 4
+    blocks = [fmean(production[i * 8 : (i + 1) * 8]) for i in range(8)]
+    spread = pstdev(blocks) / fmean(production)  # 0.2
+    result = forecast(_facts(production_s=production, step_s=(0.010,) * 64))
+    mean = fmean(production)
+    assert result.throughput.low == pytest.approx(1 / (mean * (1 + 2 * spread)), rel=0.02)
+    assert result.throughput.high == pytest.approx(1 / (mean * (1 - 2 * spread)), rel=0.02)
+    assert result.throughput.low < result.throughput.value < result.throughput.high
+    assert result.wait_fraction.low < result.wait_fraction.value < result.wait_fraction.high
+
+
+def test_facts_are_read_from_a_window_as_measured() -> None:
+    # Two workers; fetches 1, 3 and 4 found their batch made (waits 2, 4, 6 ms): a hand-over of 4 ms.
+    use = CpuUse(window_s=1.0, usable_cores=2.0, host_cores=2, loop_cores=0.2, worker_cores=1.0, busy_cores=1.9)
+    snap = WindowSnapshot(
+        wait_s=(0.002, 0.030, 0.004, 0.006),
+        step_s=(0.020,) * 4,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=3, batch_size=16),
+        host=HostFacts(cpu_count=2, processes_on_host=1, available_ram_bytes=10**9, shm_free_bytes=10**8),
+        ready=(True, False, True, True),
+        production_s=(0.040, 0.040),
+        production_cpu_s=(0.020, 0.020),
+        batch_bytes=1234,
+        cpu=use,
+    )
+    facts = facts_from_window(snap)
+    assert facts.handover_s == pytest.approx(0.004)
+    assert facts.cpu_share == pytest.approx(0.5) and facts.batch_cpu_s == pytest.approx(0.020)
+    period = (0.042 + 0.080) / 4  # the window's loop time per step
+    assert facts.step_cpu_s == pytest.approx(0.2 * period)
+    assert facts.other_cores == pytest.approx(1.9 - 1.2)
+    assert (facts.num_workers, facts.prefetch_factor, facts.batch_size, facts.batch_bytes) == (2, 3, 16, 1234)
+    assert facts.throughput == pytest.approx(1 / period)
+    # Through a log and back: the same facts.
+    assert ForecastFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"ranks_per_node": 0}, "ranks_per_node"),
+        ({"ranks_per_node": 2.5}, "ranks_per_node"),
+        ({"step_speedup": 0.0}, "step_speedup"),
+        ({"step_speedup": math.inf}, "step_speedup"),
+        ({"batch_scale": -1.0}, "batch_scale"),
+        ({"usable_cores": 0}, "usable_cores"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"prefetch_factor": 0}, "prefetch_factor"),
+        ({"pin_memory": "yes"}, "pin_memory"),
+        ({"shm_free_bytes": -5}, "shm_free_bytes"),
+    ],
+)
+def test_bad_what_if_values_are_refused_naming_the_argument_and_what_it_allows(
+    arguments: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{named} must be .+; got "):
+        WhatIf(**arguments)  # type: ignore[arg-type]
+
+
+def test_the_command_line_form_parses_and_refuses_by_name() -> None:
+    parsed = parse_what_if("ranks_per_node=8, step_speedup=2,shm_free_bytes=1.5G,pin_memory=true")
+    assert parsed == WhatIf(ranks_per_node=8, step_speedup=2.0, shm_free_bytes=1_500_000_000, pin_memory=True)
+    assert parse_what_if("available_ram_bytes=2Gi").available_ram_bytes == 2 * 2**30
+    with pytest.raises(ValueError, match="unknown what-if argument 'ranks'; allowed: ranks_per_node"):
+        parse_what_if("ranks=8")
+    with pytest.raises(ValueError, match=r"ranks_per_node must be .*integer >= 1; got 'eight'"):
+        parse_what_if("ranks_per_node=eight")
+    with pytest.raises(ValueError, match="not name=value"):
+        parse_what_if("step_speedup")
+    with pytest.raises(ValueError, match="given twice"):
+        parse_what_if("num_workers=1,num_workers=2")
+
+
+def test_the_table_names_every_figure_and_what_binds() -> None:
+    text = str(forecast(_facts(batch_bytes=10**6, available_ram_bytes=10**9), WhatIf(step_speedup=2.0)))
+    for row in ("throughput per rank", "wait fraction", "workers needed per rank", "in-flight memory on node",
+                "binds first", "the workers' capacity"):
+        assert row in text, row
+
+
+def test_queued_memory_is_the_full_queues_when_the_step_paces_and_none_when_the_workers_do() -> None:
+    facts = _facts(batch_bytes=1_000_000)
+    paced_by_step = forecast(facts, WhatIf(ranks_per_node=2, prefetch_factor=3))
+    # The worker runs ahead until its 3 slots hold made batches: every fetch finds all of them waiting.
+    assert paced_by_step.queued_bytes is not None and paced_by_step.queued_bytes.value == pytest.approx(2 * 3 * 1e6)
+    paced_by_worker = forecast(facts, WhatIf(step_speedup=2.0))
+    # A 10 ms step against 16 ms batches: every fetch waits for a batch not yet made.
+    assert paced_by_worker.queued_bytes is not None and paced_by_worker.queued_bytes.value == pytest.approx(0.0)
+    assert paced_by_worker.inflight_bytes is not None and paced_by_worker.inflight_bytes.value == 2 * 1e6
