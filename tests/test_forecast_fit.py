@@ -9,9 +9,8 @@ import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
 
-from lightning_loadguard import Forecast, LoadGuard
+from lightning_loadguard import Forecast, LoadGuard, cli
 from lightning_loadguard import _lightning as _pl
-from lightning_loadguard import cli
 from lightning_loadguard.cli._runs import read_runs
 from lightning_loadguard.model.forecast import FACTS_TAG, ForecastFacts
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -33,7 +32,8 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadGuard, Path, s
         trainer = quiet_trainer(
             max_steps=60, callbacks=[guard], log_every_n_steps=10, logger=TensorBoardLogger(str(root), name="run")
         )
-        trainer.fit(TimedModule(step_s=0.010, features=FEATURES), timed_loader(dataset, batch_size=BATCH, num_workers=1))
+        loader = timed_loader(dataset, batch_size=BATCH, num_workers=1)
+        trainer.fit(TimedModule(step_s=0.010, features=FEATURES), loader)
     finally:
         patch.undo()
     return guard, root, guard.summary()
