@@ -203,14 +203,14 @@ class RecordsDraws(TimedModule):
         return super().training_step(batch, batch_idx)
 
 
-def test_auto_tune_keeps_every_epochs_order_and_in_process_draws_of_an_augmenting_dataset() -> None:
+def test_keep_random_draws_keeps_every_epochs_order_and_in_process_draws_of_an_augmenting_dataset() -> None:
     def make() -> DataLoader:
         return DataLoader(Augmented(240, sample_s=0.002), batch_size=4, shuffle=True)
 
     plain = RecordsDraws(step_s=0.002)
     untuned, _ = train(make, None, epochs=3, module=plain)
     tuned_module = RecordsDraws(step_s=0.002)
-    guard = LoadGuard(print_summary=False, auto_tune=True)
+    guard = LoadGuard(print_summary=False, auto_tune=TuneOptions(keep_random_draws=True))
     tuned, trainer = train(make, guard, epochs=3, module=tuned_module)
     assert tuned == untuned
     assert tuned_module.features == plain.features

@@ -65,6 +65,7 @@ def window(rate: float, step_s: float, production_s: float | None, *, made: int 
         ("min_gain", -0.1, "[0, 1]"),
         ("tune_persistent_workers", 1, "True or False"),
         ("persistent_min_share", 2, "[0, 1]"),
+        ("keep_random_draws", "yes", "True or False"),
     ],
 )
 def test_options_name_the_field_and_allowed_values(field: str, value: object, allowed: str) -> None:
@@ -81,6 +82,7 @@ def test_options_name_the_field_and_allowed_values(field: str, value: object, al
 def test_default_options_are_valid() -> None:
     options = TuneOptions()
     assert options.probe_share == 0.2 and options.memory_share == 0.5
+    assert options.keep_random_draws is False
 
 
 # -- budgets -------------------------------------------------------------------------------------------

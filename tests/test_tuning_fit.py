@@ -19,7 +19,7 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters import monitor as monitor_module
 from lightning_loadguard.meters.host import host_facts
-from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.capacity import WAIT_OK
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning import session as session_module
@@ -411,3 +411,27 @@ def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -
     assert decision.verdict in ("improved", "no_gain"), decision.table()
     assert tuned == untuned  # every epoch, across the switches and the epoch boundaries
     assert trainer.train_dataloader.num_workers == decision.num_workers
+
+
+def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every setting measures alike, so nothing beats yours; worker start-up counts at any share of an epoch.
+    def alike(self: Any, port: Any, start: Any) -> tuple[WindowSnapshot, None]:
+        steps = self._window_steps
+        window = WindowSnapshot(
+            wait_s=(0.004,) * steps,
+            step_s=(0.004,) * steps,
+            production_s=(0.016,) * steps,
+            settings=self._planner.current,
+            host=HostFacts(cpu_count=8),
+            batches_made=steps,
+        )
+        return window, None
+
+    monkeypatch.setattr(session_module.TuningSession, "_measured", alike)
+    options = replace(FAST, tune_persistent_workers=True, persistent_min_share=0.0)
+    _, guard, trainer = fit(io_bound(), options)
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "no_gain", decision and decision.table()
+    assert len(decision.candidates) >= 2  # workers started for a candidate: a start-up was measured
+    assert decision.setting == decision.original
+    assert not trainer.train_dataloader.persistent_workers

@@ -13,9 +13,9 @@ what holds the loader's order:
   workers had read ahead are replayed, then the same live sampler run continues.
 
 Either way the running iterator is shut down, the new settings applied, and the new iterator's first batch
-is the one after the last *consumed* batch. Creating the iterator draws a base seed from the global random
-stream; that draw is undone, so the training run's random stream (and every later epoch's permutation)
-stays what it would have been without the restart.
+is the one after the last *consumed* batch. Creating the iterator draws a base seed from the loader's
+``generator`` (the global random stream where it has none); that draw is undone, so the training run's
+random streams (and every later epoch's permutation) stay what they would have been without the restart.
 
 Example:
     >>> import torch
@@ -34,14 +34,24 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from lightning_loadguard.meters.settings import DEFAULT_PREFETCH, SWITCHABLE
 from lightning_loadguard.position.iterable import StatefulIterableTap
@@ -49,6 +59,7 @@ from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSam
 
 _TAP_ATTR = "_loadguard_order_tap"
 _SEED_ATTR = "_loadguard_fresh_seed_draws"
+_END_ATTR = "_loadguard_ends_at_length"
 
 
 class OrderTap:
@@ -146,7 +157,29 @@ def _same(inner: Any) -> Any:
     return inner
 
 
-class FreshSeedDraws:
+class _StandIn:
+    """A stand-in for a loader's index sampler kept for the rest of a fit: attribute reads, ``len`` and copies
+    go to the user's object; ``active`` off makes it pass straight through."""
+
+    _own = frozenset({"inner", "active"})
+
+    def __init__(self, inner: Iterable[Any]) -> None:
+        self.inner = inner
+        self.active = True
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._own:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _same, (self.inner,)
+
+
+class FreshSeedDraws(_StandIn):
     """A stand-in for a loader's index sampler that draws each epoch's worker base seed as torch would.
 
     torch draws a base seed for the workers from the loader's generator (the global random stream by
@@ -158,9 +191,10 @@ class FreshSeedDraws:
     run) is what it would have been with fresh workers each epoch.
     """
 
+    _own = frozenset({"inner", "active", "_loader"})
+
     def __init__(self, inner: Iterable[Any], loader: DataLoader) -> None:
-        self.inner = inner
-        self.active = True
+        super().__init__(inner)
         self._loader = weakref.ref(loader)
 
     def __iter__(self) -> Iterator[Any]:
@@ -175,17 +209,6 @@ class FreshSeedDraws:
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         return iter(self.inner)
 
-    def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name in {"inner", "active", "_loader"}:
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _same, (self.inner,)
-
 
 def draw_seeds_like_fresh_iterators(loader: DataLoader) -> None:
     """Keep ``loader``'s random stream as without persistent workers (see :class:`FreshSeedDraws`).
@@ -194,32 +217,85 @@ def draw_seeds_like_fresh_iterators(loader: DataLoader) -> None:
     epoch; :func:`stop_seed_draws` undoes it. Workers that persist keep their own random streams across
     epochs (a fresh worker is reseeded each epoch): draws made inside workers still differ from epoch 1 on.
     """
-    if isinstance(loader.__dict__.get(_SEED_ATTR), FreshSeedDraws) or isinstance(loader.dataset, IterableDataset):
-        return
-    tap = loader.__dict__.get(_TAP_ATTR)
-    if isinstance(tap, OrderTap):
-        # Under the order tap, so that iterators holding the tap and the loader after its removal both draw.
-        wrapper = FreshSeedDraws(tap.inner, loader)
-        tap.inner = wrapper
-    else:
-        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
-        wrapper = FreshSeedDraws(loader.__dict__[attribute], loader)
-        loader.__dict__[attribute] = wrapper
-    loader.__dict__[_SEED_ATTR] = wrapper
+    if not isinstance(loader.dataset, IterableDataset):
+        _install(loader, _SEED_ATTR, lambda inner: FreshSeedDraws(inner, loader))
 
 
 def stop_seed_draws(loader: DataLoader) -> None:
     """Undo :func:`draw_seeds_like_fresh_iterators`; iterators that still hold the stand-in pass through."""
-    wrapper = loader.__dict__.pop(_SEED_ATTR, None)
-    if not isinstance(wrapper, FreshSeedDraws):
+    _uninstall(loader, _SEED_ATTR)
+
+
+def _install(loader: DataLoader, key: str, make: Callable[[Any], _StandIn]) -> None:
+    """Put the stand-in ``make`` builds in front of ``loader``'s index sampler, under its :class:`OrderTap` if
+    any (so that iterators holding the tap and the loader after the tap's removal both go through it)."""
+    if isinstance(loader.__dict__.get(key), _StandIn):
+        return
+    tap = loader.__dict__.get(_TAP_ATTR)
+    if isinstance(tap, OrderTap):
+        wrapper = make(tap.inner)
+        tap.inner = wrapper
+    else:
+        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        wrapper = make(loader.__dict__[attribute])
+        loader.__dict__[attribute] = wrapper
+    loader.__dict__[key] = wrapper
+
+
+def _uninstall(loader: DataLoader, key: str) -> None:
+    """Take the stand-in stored under ``key`` out of the chain in front of ``loader``'s index sampler."""
+    wrapper = loader.__dict__.pop(key, None)
+    if not isinstance(wrapper, _StandIn):
         return
     wrapper.active = False
-    tap = loader.__dict__.get(_TAP_ATTR)
-    if isinstance(tap, OrderTap) and tap.inner is wrapper:
-        tap.inner = wrapper.inner
     for attribute in ("batch_sampler", "sampler"):
         if loader.__dict__.get(attribute) is wrapper:
             loader.__dict__[attribute] = wrapper.inner
+            return
+        node = loader.__dict__.get(attribute)
+        while isinstance(node, (OrderTap, _StandIn)):
+            if node.inner is wrapper:
+                node.inner = wrapper.inner
+                return
+            node = node.inner
+
+
+class EndsAtLength(_StandIn):
+    """A stand-in for a loader's index sampler that ends each run after ``len(inner)`` items without asking the
+    user's sampler for one more.
+
+    Lightning stops a sized loader after ``len(loader)`` batches: in the main process the sampler is never run
+    to its end. Workers read ahead until the sampler is exhausted, and torch's ``RandomSampler`` draws once
+    more from its generator when run out (its remainder permutation, empty or not): where that generator is the
+    sampler's or the loader's own, every later epoch's order shifts. Installed on a loader whose untuned run
+    loads in the main process, this keeps the sampler's generator where the untuned run leaves it; the items
+    handed out are the same.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        source = iter(self.inner)  # when the untuned loader asks, as it asks
+        if not self.active:
+            return source
+        return itertools.islice(source, len(self.inner))  # type: ignore[arg-type]
+
+
+def end_runs_at_length(loader: DataLoader) -> bool:
+    """Install :class:`EndsAtLength` on ``loader``; ``False`` where its index sampler has no length or it reads an
+    ``IterableDataset``. :func:`stop_ending_at_length` undoes it."""
+    attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    try:
+        len(loader.__dict__[attribute])
+    except TypeError:
+        return False
+    if isinstance(loader.dataset, IterableDataset):
+        return False
+    _install(loader, _END_ATTR, EndsAtLength)
+    return True
+
+
+def stop_ending_at_length(loader: DataLoader) -> None:
+    """Undo :func:`end_runs_at_length`; iterators that still hold the stand-in pass straight through."""
+    _uninstall(loader, _END_ATTR)
 
 
 def shutdown(iterator: object) -> None:
@@ -328,7 +404,8 @@ def restart_iterator(
         old_iterator: the running iterator, whose workers are shut down first.
         settings: ``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``.
 
-    The global torch random state is the same afterwards as before.
+    The loader's ``generator`` (the global torch random state where it has none) is the same afterwards as
+    before.
 
     Raises:
         ValueError: a setting torch cannot change on a built loader, a value out of range, or ``consumed``
@@ -364,42 +441,59 @@ def restart_iterator(
     if old_iterator is not None:
         shutdown(old_iterator)
     apply_settings(loader, **settings)
-    state = torch.get_rng_state()
+    # torch draws the workers' base seed from the loader's own generator where it has one (which then also
+    # orders a shuffle=True loader), else from the global stream: whichever it is, the draw is undone.
+    generator = loader.generator if isinstance(loader.generator, torch.Generator) else None
+    state = generator.get_state() if generator is not None else torch.get_rng_state()
     try:
         # _get_iterator, not iter(): the caller owns this mid-epoch iterator; a persistent loader caches
         # it below so the next epoch reuses its workers as usual.
         iterator = loader._get_iterator()
     finally:
-        torch.set_rng_state(state)
+        if generator is not None:
+            generator.set_state(state)
+        else:
+            torch.set_rng_state(state)
     if loader.persistent_workers and loader.num_workers > 0:
         loader._iterator = iterator
     return iterator
 
 
+STREAMS = ("torch", "random", "numpy")
+"""The main process's global random streams, by name: torch's CPU generator, Python's ``random``, NumPy's."""
+
+
 def _global_random_states() -> tuple[Any, ...]:
-    """The main process's global random streams: torch's CPU generator, Python's, and NumPy's if loaded."""
+    """The main process's global random streams, in the order of :data:`STREAMS` (NumPy's only if loaded)."""
     numpy = sys.modules.get("numpy")
     numpy_state = numpy.random.get_state()[1].tobytes() if numpy is not None else None
     return torch.get_rng_state(), random.getstate(), numpy_state
 
 
-def _same_states(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return torch.equal(a[0], b[0]) and a[1] == b[1] and a[2] == b[2]
+def _moved_streams(a: tuple[Any, ...], b: tuple[Any, ...]) -> set[str]:
+    same = (torch.equal(a[0], b[0]), a[1] == b[1], a[2] == b[2])
+    return {name for name, unchanged in zip(STREAMS, same, strict=True) if not unchanged}
 
 
 class RandomDrawWatch:
-    """Tells whether the loader's in-process fetches draw from the main process's global random streams.
+    """Tells which of the main process's global random streams the loader's in-process fetches draw from.
 
     With ``num_workers=0`` a dataset that augments with ``torch.rand`` (or ``random``, ``numpy.random``) in
-    ``__getitem__`` advances the training run's own random stream: the next epoch's ``shuffle=True``
-    permutation and every later draw depend on it. Fetching those batches in worker processes instead would
-    change them all, so such a loader must keep loading in the main process. Only the fetch itself is
-    watched (the training step's own draws, e.g. dropout, happen between fetches).
+    ``__getitem__`` advances the training run's own random stream. Fetching those batches in worker processes
+    instead changes those draws (as any change of ``num_workers`` does), and where the loader's order is
+    drawn from a stream they advanced (:func:`order_streams`: a ``shuffle=True`` loader without a generator
+    draws each epoch's permutation from torch's), it changes the later epochs' order too. Only the fetch
+    itself is watched (the training step's own draws, e.g. dropout, happen between fetches).
     """
 
     def __init__(self) -> None:
-        self.drew = False
+        self.streams: set[str] = set()
         self.watching = True
+
+    @property
+    def drew(self) -> bool:
+        """Whether any watched fetch drew from a global random stream."""
+        return bool(self.streams)
 
     @classmethod
     def install(cls, iterator: object) -> RandomDrawWatch | None:
@@ -411,12 +505,47 @@ class RandomDrawWatch:
         fetch = fetcher.fetch
 
         def watched_fetch(*args: Any) -> Any:
-            if watch.drew or not watch.watching:
+            if not watch.watching or len(watch.streams) == len(STREAMS):
                 return fetch(*args)
             before = _global_random_states()
             batch = fetch(*args)
-            watch.drew = not _same_states(before, _global_random_states())
+            watch.streams |= _moved_streams(before, _global_random_states())
             return batch
 
         fetcher.fetch = watched_fetch
         return watch
+
+
+_DRAWS_FROM_TORCH = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def order_streams(loader: DataLoader) -> frozenset[str] | None:
+    """The main process's global random streams ``loader``'s order is drawn from (:data:`STREAMS` names).
+
+    Empty where the order has its own source: no shuffle, a sampler or loader with its own ``generator``,
+    ``DistributedSampler`` (seed and epoch), the resume mixin's planned order (seed and epoch). ``{"torch"}``
+    for torch's random samplers without a generator (``shuffle=True``), which draw each epoch's seed from
+    torch's global generator. ``None`` for a sampler of a kind not known here: it may draw from any stream.
+
+    Example:
+        >>> import torch
+        >>> order_streams(DataLoader(range(8), shuffle=True))
+        frozenset({'torch'})
+        >>> order_streams(DataLoader(range(8), shuffle=True, generator=torch.Generator()))
+        frozenset()
+    """
+    attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    return _streams_of(loader.__dict__[attribute])
+
+
+def _streams_of(sampler: object) -> frozenset[str] | None:
+    while isinstance(sampler, (OrderTap, _StandIn)):
+        sampler = sampler.inner
+    kind = type(sampler)
+    if kind is BatchSampler:
+        return _streams_of(sampler.sampler)  # type: ignore[attr-defined]
+    if kind in (SequentialSampler, DistributedSampler) or isinstance(sampler, (PlannedSampler, PlannedBatchSampler)):
+        return frozenset()
+    if kind in _DRAWS_FROM_TORCH:
+        return frozenset() if sampler.generator is not None else frozenset({"torch"})  # type: ignore[attr-defined]
+    return None

@@ -59,6 +59,13 @@ class TuneOptions:
             that matters).
         persistent_min_share: the share of epoch time that worker start-up must cost before persistent
             workers are chosen. In [0, 1].
+        keep_random_draws: ``True`` for bit-identical data: where the dataset draws random numbers in the main
+            process while loading (``num_workers=0`` and ``torch``, ``random`` or ``numpy.random`` in
+            ``__getitem__`` or ``collate_fn``), loading stays there, so every random draw and every epoch's
+            order are the untuned run's. ``False`` (default): such a loader is tuned like any other; epoch 0
+            keeps the untuned samples and order, the draws moved into workers follow torch's worker seeding
+            (as with ``num_workers`` changed by hand), and where the shuffle order is drawn from a stream
+            those draws advanced, later epochs hold every sample once in another order (said once).
 
     Example:
         >>> TuneOptions(probe_share=0.1, memory_share=0.25).probe_share
@@ -91,6 +98,7 @@ class TuneOptions:
     min_gain: float = 0.05
     tune_persistent_workers: bool = True
     persistent_min_share: float = 0.02
+    keep_random_draws: bool = False
 
     def __post_init__(self) -> None:
         _share("probe_share", self.probe_share)
@@ -108,6 +116,8 @@ class TuneOptions:
                 f"TuneOptions.tune_persistent_workers must be True or False, got {self.tune_persistent_workers!r}"
             )
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
+        if not isinstance(self.keep_random_draws, bool):
+            raise ValueError(f"TuneOptions.keep_random_draws must be True or False, got {self.keep_random_draws!r}")
 
 
 def longest_probe(options: TuneOptions, window_steps: int) -> int:

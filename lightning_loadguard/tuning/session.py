@@ -27,8 +27,11 @@ from lightning_loadguard.position.switch import (
     RandomDrawWatch,
     apply_settings,
     draw_seeds_like_fresh_iterators,
+    end_runs_at_length,
+    order_streams,
     restart_iterator,
     shutdown,
+    stop_ending_at_length,
     stop_seed_draws,
     watch_worker_deaths,
     yielded,
@@ -42,6 +45,7 @@ __all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner
 T = TypeVar("T")
 
 _STATE_VERSION = 1
+_KEPT = ("no_gain", "compute_bound")  # the verdicts that tell the user "your settings are kept"
 _WATCHED_STEPS = 3
 
 
@@ -252,14 +256,18 @@ class TuningSession:
         self._budget: HostBudget | None = None
         self._window: WindowSnapshot | None = None
         self._epoch = self._first_epoch = 0
-        self._seeded: list[DataLoader] = []
+        self._stand_ins: list[DataLoader] = []  # loaders given stand-ins for the fit (undone in teardown)
         self._draws: RandomDrawWatch | None = None
+        self._order_note: str | None = None  # said once, when loading first moves into workers
         self._broken: tuple[str, BaseException] | None = None  # a step of this rank failed (see _together)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
         state = dict(self.__dict__)
-        state.update(_loader=None, _tap=None, _active=False, _seeded=[], _draws=None, _port=None, _broken=None)
+        state.update(
+            _loader=None, _tap=None, _active=False, _stand_ins=[], _draws=None, _port=None, _broken=None,
+            _order_note=None,
+        )
         return state
 
     # -- the training loop's events --------------------------------------------------------------------
@@ -318,6 +326,8 @@ class TuningSession:
             return
         if not self._iterable:
             self._tap = OrderTap.install(loader)
+            if original.num_workers == 0:
+                self._end_runs_at_length(loader)
         self._active = True
         self._epoch = self._first_epoch = port.current_epoch
         self._step = 0
@@ -399,8 +409,10 @@ class TuningSession:
                 persistent_workers=original.persistent_workers,
             )
         self._stop_probing()
-        while self._seeded:
-            stop_seed_draws(self._seeded.pop())
+        while self._stand_ins:
+            loader = self._stand_ins.pop()
+            stop_seed_draws(loader)
+            stop_ending_at_length(loader)
         self._port = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -432,13 +444,16 @@ class TuningSession:
         combined, failed_elsewhere = (local, False)
         if ranks is not None:
             combined, failed_elsewhere = ranks.combine(local, port.sync_fn, port.world_size)
-        drew = False
+        drew = reorders = False
         if not planner.measurements and not self._iterable:  # the user's own settings, measured first
-            drew = self._draws is not None and self._draws.drew
+            drew, reorders = self._in_process_draws()
             if port.world_size > 1:
                 drew = port.any_rank(drew)
+                reorders = drew and port.any_rank(reorders)
         final, next_setting = self._together(
-            port, "planning the next probe", lambda: self._plan(port, combined, failed_elsewhere, drew, now)
+            port,
+            "planning the next probe",
+            lambda: self._plan(port, combined, failed_elsewhere, drew, reorders, now),
         )
         if final is not None:
             self._finish(port, final)
@@ -450,8 +465,23 @@ class TuningSession:
         planner.current = next_setting
         self._together(port, "switching the loader", lambda: self._probe(port, next_setting))
 
+    def _in_process_draws(self) -> tuple[bool, bool]:
+        """Whether the user's in-process fetches drew from the main process's global random streams, and
+        whether the loader's order is drawn from one of those they drew from (or from a stream not known)."""
+        draws = self._draws
+        if draws is None or not draws.drew or self._loader is None:
+            return False, False
+        streams = order_streams(self._loader)
+        return True, streams is None or bool(streams & draws.streams)
+
     def _plan(
-        self, port: TrainerPort, combined: WindowSnapshot, failed_elsewhere: bool, drew: bool, ended: float
+        self,
+        port: TrainerPort,
+        combined: WindowSnapshot,
+        failed_elsewhere: bool,
+        drew: bool,
+        reorders: bool,
+        ended: float,
     ) -> tuple[TuneDecision | None, LoaderSettings | None]:
         """The window recorded: a decision made without probing, or the next setting to measure (``None``:
         decide)."""
@@ -465,14 +495,21 @@ class TuningSession:
         planner.budget = self._budget = self._host_budget(port)
         if self._iterable:
             return self._model_only(combined), None
-        if drew:
+        if drew and self.options.keep_random_draws:
             reason = (
                 "the dataset draws from the main process's global random stream while loading (torch, random "
-                "or numpy in __getitem__ or collate); loading in workers would change those draws and every "
-                "later epoch's shuffle order, so loading stays in the main process"
+                "or numpy in __getitem__ or collate) and TuneOptions(keep_random_draws=True) keeps those draws "
+                "bit-identical, so loading stays in the main process"
             )
             self._say(f"auto-tuning keeps num_workers=0: {reason}.")
             return self._model_only(combined, reason), None
+        if reorders:
+            self._order_note = (
+                "auto-tuning loads in workers although the dataset draws random numbers in the main process, "
+                "from the stream the shuffle order is drawn from, so epoch 0 keeps the untuned order and later "
+                "epochs hold every sample once in another order (TuneOptions(keep_random_draws=True) keeps "
+                "loading in the main process and every draw as without tuning)."
+            )
         span = ended - self._switch_started if planner.current != planner.original else 0.0
         next_setting = planner.record(combined, failed=failed)
         if span:
@@ -485,7 +522,11 @@ class TuningSession:
 
     def _decide(self) -> TuneDecision:
         assert self._planner is not None
-        return self._planner.decide(startup_s=self._startup_s or None, map_style=True)
+        decision = self._planner.decide(startup_s=self._startup_s or None, map_style=True)
+        if decision.verdict in _KEPT and decision.setting != decision.original:
+            # A decision that says the settings are kept keeps every one of them (persistent_workers too).
+            decision = decision.with_setting(decision.original)
+        return decision
 
     def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
         """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
@@ -575,6 +616,9 @@ class TuningSession:
         consumed = yielded(old)
         if consumed is None:
             raise _CannotSwitch("the train iterator does not say how many batches it handed out")
+        if self._order_note is not None and setting.num_workers > 0:
+            self._say(self._order_note)
+            self._order_note = None
         self._switch_started = time.perf_counter()
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
@@ -728,14 +772,22 @@ class TuningSession:
             persistent_workers=decision.persistent_workers,
         )
         self._keep_seed_draws(loader, decision)
+        if decision.original.num_workers == 0 and decision.num_workers > 0:
+            self._end_runs_at_length(loader)
         if self._restored:
             self._progress(f"applied the stored decision: {decision.setting.label}")
+
+    def _end_runs_at_length(self, loader: DataLoader) -> None:
+        # Workers read ahead to the sampler's end, which the untuned run in the main process never asks for.
+        if end_runs_at_length(loader) and loader not in self._stand_ins:
+            self._stand_ins.append(loader)
 
     def _keep_seed_draws(self, loader: DataLoader, decision: TuneDecision) -> None:
         # Persistent workers where the user's loader starts fresh ones each epoch: keep the epochs' orders.
         if decision.persistent_workers and not decision.original.persistent_workers:
             draw_seeds_like_fresh_iterators(loader)
-            self._seeded.append(loader)
+            if loader not in self._stand_ins:
+                self._stand_ins.append(loader)
 
     def _cannot_tune(self, port: TrainerPort, loaders: list[Any]) -> str | None:
         if len(loaders) != 1:

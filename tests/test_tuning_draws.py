@@ -1,0 +1,258 @@
+"""Which data training sees under auto-tuning, for datasets that draw random numbers while loading.
+
+The contract (docs/tuning.md, "Which data training sees"): epoch 0 holds the untuned samples in the untuned
+order; every later epoch holds every sample exactly once; later epochs keep the untuned order wherever it does
+not depend on random draws the dataset made in the main process; draws in workers are seeded as torch seeds
+them; ``TuneOptions(keep_random_draws=True)`` keeps every draw bit-identical by loading in the main process.
+
+The tuner's windows are scripted here (a setting's rate is a function of its workers), so that every run makes
+the same probes and decision: what is tested is which data reaches ``training_step``, not the measurement.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from pipelines import quiet_trainer
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lightning_loadguard import ResumableLoaderMixin
+from lightning_loadguard._lightning import pl
+from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
+from lightning_loadguard.position.switch import RandomDrawWatch, order_streams
+from lightning_loadguard.synthetic import TimedModule
+from lightning_loadguard.tuning.session import TuneOptions, TuningSession
+
+LENGTH = 192
+BATCH = 4
+OPTIONS = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+ORDER_NOTE = "later epochs hold every sample once in another order"
+
+
+class Augmenting(Dataset):
+    """Sleeps like I/O, then augments with draws from the main process's global streams named in ``streams``."""
+
+    def __init__(self, length: int = LENGTH, streams: tuple[str, ...] = ("torch", "random")) -> None:
+        self.length = length
+        self.streams = streams
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.0005)
+        drawn = [0.0, 0.0]
+        if "torch" in self.streams:
+            drawn[0] = float(torch.rand(()))
+        if "random" in self.streams:
+            drawn[1] = random.random()
+        return torch.tensor(index), torch.tensor(drawn)
+
+
+class Records(TimedModule):
+    """Records the indices (``seen``) and each sample's augmentation draws (``drawn``) that reach the step."""
+
+    def __init__(self) -> None:
+        super().__init__(features=2)
+        self.drawn: list[tuple[float, float]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.drawn.extend((float(a), float(b)) for a, b in batch[1].tolist())
+        return super().training_step(batch, batch_idx)
+
+
+def scripted_window(self: TuningSession, port: Any, start: Any) -> tuple[WindowSnapshot, None]:
+    """The window a setting measures where one worker makes a batch in 12 ms against a 4 ms step."""
+    assert self._planner is not None
+    setting = self._planner.current
+    steps = self._window_steps
+    production, step = 0.012, 0.004
+    period = step + production if setting.num_workers == 0 else max(step, production / setting.num_workers)
+    window = WindowSnapshot(
+        wait_s=(period - step,) * steps,
+        step_s=(step,) * steps,
+        production_s=(production,) * steps,
+        settings=setting,
+        host=HostFacts(cpu_count=8),
+        batches_made=steps,
+    )
+    return window, None
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
+
+
+def run(
+    make: Callable[[], Any],
+    tune: TuneOptions | None,
+    *,
+    epochs: int = 3,
+    seed: int = 5,
+    workers_seeded: bool = False,
+) -> tuple[Records, LoadGuard | None, Any]:
+    pl.seed_everything(seed, workers=workers_seeded, verbose=False)
+    guard = LoadGuard(print_summary=False, auto_tune=tune) if tune is not None else None
+    module = Records()
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard] if guard else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, make())
+    return module, guard, trainer
+
+
+def epochs_of(seen: list[int], length: int = LENGTH) -> list[list[int]]:
+    return [seen[e : e + length] for e in range(0, len(seen), length)]
+
+
+def moved_to_workers(guard: LoadGuard | None) -> bool:
+    decision = guard.decision if guard is not None else None
+    assert decision is not None, "the tuner decided nothing"
+    return any(c.setting.num_workers > 0 for c in decision.candidates)
+
+
+def order_notes(guard: LoadGuard) -> list[str]:
+    return [note for note in guard._said if ORDER_NOTE in note]
+
+
+def shuffled(streams: tuple[str, ...] = ("torch", "random"), **kwargs: Any) -> Callable[[], DataLoader]:
+    return lambda: DataLoader(Augmenting(streams=streams), batch_size=BATCH, shuffle=True, **kwargs)
+
+
+# -- the order's own sources -------------------------------------------------------------------------------
+
+
+def test_order_streams_names_where_each_loaders_order_is_drawn() -> None:
+    data = Augmenting(8)
+    assert order_streams(DataLoader(data, shuffle=True)) == {"torch"}
+    assert order_streams(DataLoader(data, shuffle=True, generator=torch.Generator())) == set()
+    assert order_streams(DataLoader(data)) == set()
+    assert order_streams(DataLoader(data, sampler=DistributedSampler(data, num_replicas=1, rank=0))) == set()
+
+    class OwnSampler(torch.utils.data.Sampler[int]):
+        def __iter__(self) -> Any:
+            return iter(random.sample(range(8), 8))
+
+        def __len__(self) -> int:
+            return 8
+
+    assert order_streams(DataLoader(data, sampler=OwnSampler())) is None  # a kind not known: any stream
+
+
+def test_the_watch_names_the_streams_the_fetches_drew_from() -> None:
+    for streams in [("torch",), ("random",), ("torch", "random"), ()]:
+        iterator = iter(DataLoader(Augmenting(8, streams=streams), batch_size=2))
+        watch = RandomDrawWatch.install(iterator)
+        assert watch is not None
+        next(iterator)
+        assert watch.streams == set(streams) and watch.drew == bool(streams)
+
+
+# -- the contract, in a fit --------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_shuffled_augmenting_loader_is_tuned_epoch_0_untuned_later_epochs_whole_said_once() -> None:
+    untuned, _, _ = run(shuffled(), None)
+    tuned, guard, trainer = run(shuffled(), OPTIONS)
+    assert moved_to_workers(guard) and trainer.train_dataloader.num_workers > 0
+    first, *later = epochs_of(tuned.seen)
+    assert first == epochs_of(untuned.seen)[0]
+    for epoch in later:
+        assert sorted(epoch) == list(range(LENGTH))
+    # The order of later epochs was drawn from the stream the in-process draws advanced: it differs, as said.
+    assert epochs_of(tuned.seen)[1] != epochs_of(untuned.seen)[1]
+    assert guard is not None and len(order_notes(guard)) == 1
+
+
+@pytest.mark.usefixtures("scripted")
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            lambda: DataLoader(
+                Augmenting(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(3)
+            ),
+            id="loader_generator",
+        ),
+        pytest.param(
+            lambda: DataLoader(
+                Augmenting(), batch_size=BATCH, sampler=DistributedSampler(Augmenting(), 1, 0, shuffle=True, seed=3)
+            ),
+            id="distributed_sampler",
+        ),
+        pytest.param(shuffled(streams=("random",)), id="draws_only_from_python_random"),
+    ],
+)
+def test_where_the_order_has_its_own_source_every_epoch_is_untuned(make: Callable[[], DataLoader]) -> None:
+    untuned, _, _ = run(make, None)
+    tuned, guard, _ = run(make, OPTIONS)
+    assert moved_to_workers(guard)
+    assert tuned.seen == untuned.seen
+    assert guard is not None and not order_notes(guard)
+
+
+class Resumable(ResumableLoaderMixin, pl.LightningDataModule):
+    loader_seed = 3
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Augmenting(), batch_size=BATCH, shuffle=True)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_with_the_resume_mixin_every_epoch_is_untuned() -> None:
+    def fit(tune: TuneOptions | None) -> tuple[Records, LoadGuard | None]:
+        pl.seed_everything(5, verbose=False)
+        guard = LoadGuard(print_summary=False, auto_tune=tune) if tune is not None else None
+        module = Records()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quiet_trainer(max_epochs=3, callbacks=[guard] if guard else []).fit(module, datamodule=Resumable())
+        return module, guard
+
+    untuned, _ = fit(None)
+    tuned, guard = fit(OPTIONS)
+    assert moved_to_workers(guard)
+    assert tuned.seen == untuned.seen and len(tuned.seen) == 3 * LENGTH
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_loader_that_already_had_workers_keeps_every_epochs_order() -> None:
+    make = shuffled(num_workers=1)
+    untuned, _, _ = run(make, None)
+    tuned, guard, trainer = run(make, OPTIONS)
+    assert guard is not None and guard.decision is not None and trainer.train_dataloader.num_workers > 1
+    assert tuned.seen == untuned.seen
+    assert not order_notes(guard)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_worker_draws_are_seeded_as_torch_seeds_them_so_seeded_runs_repeat() -> None:
+    # seed_everything(..., workers=True): two runs that make the same decision see the same data, draws included.
+    first, guard, _ = run(shuffled(), OPTIONS, seed=7, workers_seeded=True)
+    again, guard_again, _ = run(shuffled(), OPTIONS, seed=7, workers_seeded=True)
+    assert moved_to_workers(guard) and guard_again is not None
+    decisions = [g.decision for g in (guard, guard_again)]
+    assert all(d is not None for d in decisions)
+    assert len({(d.setting, tuple(c.setting for c in d.candidates)) for d in decisions if d is not None}) == 1
+    assert first.seen == again.seen and first.drawn == again.drawn
+    other, _, _ = run(shuffled(), OPTIONS, seed=8, workers_seeded=True)
+    assert other.drawn != first.drawn
+
+
+@pytest.mark.usefixtures("scripted")
+def test_keep_random_draws_keeps_loading_in_the_main_process_and_every_draw() -> None:
+    untuned, _, _ = run(shuffled(), None)
+    tuned, guard, trainer = run(shuffled(), TuneOptions(warmup_steps=2, window_steps=6, keep_random_draws=True))
+    assert guard is not None and guard.decision is not None and not moved_to_workers(guard)
+    assert trainer.train_dataloader.num_workers == 0
+    assert tuned.seen == untuned.seen and tuned.drawn == untuned.drawn
+    assert any("keep_random_draws=True" in note for note in guard._said)
