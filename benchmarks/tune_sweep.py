@@ -1,0 +1,72 @@
+"""The tuner on hundreds of simulated pipelines: tuned / best steady rate, by family.
+
+Each pipeline comes from tests/sim_sweep.py's seeded generator (I/O-bound, CPU-bound, compute-bound,
+CPU-contended, bursty, hand-over-bound; 1 to 64 cores; 0 to several competing processes; epochs of 30 to 5,000
+steps) and is tuned on the simulator (tests/sim_pipeline.py); the chosen setting's steady rate is compared with
+the best of a grid and with the user's settings, both from long simulated runs (the ground truth).
+
+Usage::
+
+    python benchmarks/tune_sweep.py                   # 500 pipelines (seeds 0..499)
+    python benchmarks/tune_sweep.py --count 100 --worst 10
+    python benchmarks/tune_sweep.py --jobs 2          # in parallel processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import subprocess
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from sim_sweep import Score, generate, score, summary, table
+
+
+def _one(seed: int) -> Score:
+    return score(generate(seed), seed=seed)
+
+
+def _histogram(scores: list[Score]) -> str:
+    edges = [0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0001]
+    counts = [sum(lo <= s.ratio < hi for s in scores) for lo, hi in pairwise(edges)]
+    labels = ["< 0.5", "0.5-0.8", "0.8-0.9", "0.9-0.95", "0.95-0.98", ">= 0.98"]
+    return "  ".join(f"{label}: {count}" for label, count in zip(labels, counts, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500, help="pipelines (seeds 0..count-1)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--worst", type=int, default=15, help="list this many of the worst pipelines")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    seeds = range(args.count)
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            scores = pool.map(_one, seeds, chunksize=4)
+    else:
+        scores = [_one(seed) for seed in seeds]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"{args.count} pipelines, commit {commit}, {time.perf_counter() - started:.0f} s\n")
+    print(table(summary(scores)))
+    print(f"\ntuned / best: {_histogram(scores)}")
+    print(f"\nworst {args.worst}:")
+    print(
+        "| pipeline | cores | epoch steps | yours | chosen | best | tuned / best | yours / best | verdict "
+        "| probe steps |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for s in sorted(scores, key=lambda s: s.ratio)[: args.worst]:
+        p = s.pipeline
+        print(
+            f"| {p.name} | {p.host.cores} | {p.epoch_steps} | {p.user.label} | {s.chosen.label} | {s.best.label} "
+            f"| {s.ratio:.3f} | {s.user_rate / s.best_rate:.3f} | {s.verdict} | {s.probe_steps} / {s.budget_steps} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Generated pipelines for the simulator, and the tuner's score on them against the simulator's ground truth.
+
+:func:`generate` draws a pipeline of one of :data:`FAMILIES` from a seed: cores 1 to 64, 0 to several competing
+processes, a shared host's background load and drift, epochs of 30 to 5,000 steps, the user's settings drawn
+from what people set. :func:`score` tunes it (:func:`sim_pipeline.tune`) and compares the steady rate of the
+chosen setting with the best of a grid and with the user's own settings (:func:`sim_pipeline.steady_rate`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import quantiles
+
+from sim_pipeline import Cost, Host, PlannerFactory, SimPipeline, steady_rate, tune
+
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import HostFacts
+from lightning_loadguard.model.budget import host_budget
+from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.planner import Planner
+
+FAMILIES = ("io_bound", "cpu_bound", "compute_bound", "cpu_contended", "bursty", "handover_bound")
+
+CORES = (1, 2, 2, 4, 4, 8, 8, 16, 32, 64)
+"""Cores drawn from (small hosts are where the budget binds, so they are drawn more)."""
+
+BELOW_USER = 0.03
+"""A choice runs below the user's settings beyond noise when its steady rate is this much lower: the ground
+truth's own spread (a 600-step run with stochastic costs and a background load) is about 1 %."""
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def _cost(rng: random.Random, mean: float) -> Cost:
+    kind = rng.choice(("constant", "lognormal", "lognormal"))
+    return Cost(mean, kind, spread=rng.uniform(0.1, 0.6) if kind == "lognormal" else 0.0)
+
+
+def generate(seed: int) -> SimPipeline:
+    """The pipeline of ``seed``: family ``FAMILIES[seed % 6]``, the rest drawn from ``seed``."""
+    rng = random.Random(seed)
+    family = FAMILIES[seed % len(FAMILIES)]
+    cores = rng.choice(CORES)
+    others = 0.0
+    if family == "cpu_contended" or rng.random() < 0.2:
+        others = float(rng.choice((1, 1, 2, 3, 4))) * max(1, cores // 4)
+    host = Host(
+        cores=cores,
+        others=others,
+        background=rng.uniform(0.0, 0.25) * cores,
+        background_interval_s=rng.uniform(0.05, 0.5),
+        drift=rng.uniform(0.0, 0.1),
+        drift_period_s=rng.uniform(10.0, 60.0),
+    )
+    step = _log_uniform(rng, 0.003, 0.05)
+    device, step_cpu, threads = step, rng.uniform(0.0003, 0.002), 1.0
+    cpu_step = family == "cpu_contended" or (family == "compute_bound" and rng.random() < 0.5)
+    if cpu_step:
+        threads = float(min(cores, rng.choice((1, 2, 4, 8, 16, 32, 64))))
+        device, step_cpu = 0.0, step * threads
+    # Workers the pipeline needs to keep up (at least one, at most a few per core), then the costs that need them.
+    need = _log_uniform(rng, 0.5, max(1.5, 3.0 * cores))
+    io = Cost()
+    cpu = _cost(rng, rng.uniform(0.0002, 0.002))
+    handover = rng.uniform(0.0001, 0.0006)
+    if family == "io_bound":
+        io = _cost(rng, need * step)
+    elif family in ("cpu_bound", "cpu_contended"):
+        cpu = _cost(rng, need * step * rng.uniform(0.6, 1.0))
+        io = _cost(rng, need * step * rng.uniform(0.0, 0.4))
+    elif family == "compute_bound":
+        io = _cost(rng, step * rng.uniform(0.05, 0.5))
+    elif family == "bursty":
+        base = need * step * rng.uniform(0.3, 0.7)
+        if rng.random() < 0.5:
+            share = rng.uniform(0.03, 0.2)
+            io = Cost(base, "bursty", spread=need * step * rng.uniform(1.0, 4.0), burst=share)
+        else:
+            io = Cost(need * step, "pareto", spread=rng.uniform(1.3, 2.5))
+    elif family == "handover_bound":
+        handover = rng.uniform(0.6, 1.2) * step
+        io = _cost(rng, step * rng.uniform(0.5, 3.0))
+    user = rng.choice(
+        (
+            LoaderSettings(0),
+            LoaderSettings(0),
+            LoaderSettings(1, 2),
+            LoaderSettings(2, 2),
+            LoaderSettings(4, 2),
+            LoaderSettings(max(1, cores - 1), 2),
+            LoaderSettings(8, 4),
+        )
+    )
+    batch_bytes = ram = shm = None
+    if rng.random() < 0.2:
+        # Memory that holds a few batches in flight: a wall the tuner must not cross.
+        batch_bytes = 10_000_000
+        ram = int(2 * batch_bytes * rng.uniform(3, 24))
+        shm = ram
+    return SimPipeline(
+        name=f"{family}-{seed}",
+        family=family,
+        host=host,
+        io=io,
+        cpu=cpu,
+        step_cpu_s=step_cpu,
+        step_threads=threads,
+        device_s=device,
+        handover_s=handover,
+        settle=rng.uniform(0.0, 0.15),
+        settle_s=rng.uniform(0.3, 1.5),
+        user=user,
+        epoch_steps=int(_log_uniform(rng, 30, 5000)),
+        batch_bytes=batch_bytes,
+        ram_bytes=ram,
+        shm_bytes=shm,
+    )
+
+
+@dataclass(frozen=True)
+class Score:
+    """One pipeline tuned: steady rates of the chosen, the user's and the best setting (ground truth)."""
+
+    pipeline: SimPipeline
+    chosen: LoaderSettings
+    best: LoaderSettings
+    chosen_rate: float
+    user_rate: float
+    best_rate: float
+    probe_steps: int
+    budget_steps: int
+    verdict: str
+
+    @property
+    def ratio(self) -> float:
+        return self.chosen_rate / self.best_rate
+
+    @property
+    def below_user(self) -> bool:
+        return self.chosen_rate < self.user_rate * (1 - BELOW_USER)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.probe_steps > self.budget_steps
+
+
+@dataclass
+class _Truth:
+    pipeline: SimPipeline
+    rates: dict[LoaderSettings, float] = field(default_factory=dict)
+
+    def __call__(self, settings: LoaderSettings) -> float:
+        key = LoaderSettings(settings.num_workers, settings.prefetch if settings.num_workers else None)
+        if key not in self.rates:
+            self.rates[key] = steady_rate(self.pipeline, key)
+        return self.rates[key]
+
+
+def _allowed(p: SimPipeline, settings: LoaderSettings) -> bool:
+    """Whether the tuner may choose ``settings``: within the memory walls and the user's cap."""
+    host = HostFacts(p.host.cores, available_ram_bytes=p.ram_bytes, shm_free_bytes=p.shm_bytes)
+    budget = host_budget(host, p.batch_bytes, max_workers=p.max_workers)
+    if budget.max_in_flight is not None and settings.batches_in_flight > budget.max_in_flight:
+        return False
+    return p.max_workers is None or settings.num_workers <= p.max_workers
+
+
+def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
+    """The best setting of a grid: every worker count of a ladder (up to four per core, and 128) at depth 2
+    (or the deepest memory allows), then depths 1, 2, 4 and 8 at the three best counts."""
+    ladder = [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128]
+    top = min(128, 4 * p.host.cores + 4)
+    counts = [w for w in ladder if w <= top]
+    rated: dict[LoaderSettings, float] = {}
+    for w in counts:
+        for depth in ((2, 1) if w else (None,)):
+            s = LoaderSettings(w, depth)
+            if _allowed(p, s):
+                rated[s] = truth(s)
+                break
+    best_counts = sorted(rated, key=rated.__getitem__, reverse=True)[:3]
+    for s in best_counts:
+        if s.num_workers == 0:
+            continue
+        for depth in (1, 2, 4, 8):
+            d = LoaderSettings(s.num_workers, depth)
+            if _allowed(p, d):
+                rated[d] = truth(d)
+    return max(rated, key=rated.__getitem__)
+
+
+def score(p: SimPipeline, *, seed: int = 0, planner: PlannerFactory = Planner) -> Score:
+    """Tune ``p`` on the simulator and score the choice against the ground truth."""
+    tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
+    truth = _Truth(p)
+    best = grid_best(p, truth)
+    chosen_rate, user_rate = truth(tuned.chosen), truth(p.user)
+    if chosen_rate > truth(best):
+        best = tuned.chosen
+    d = tuned.decision
+    return Score(
+        pipeline=p,
+        chosen=tuned.chosen,
+        best=best,
+        chosen_rate=chosen_rate,
+        user_rate=user_rate,
+        best_rate=truth(best),
+        probe_steps=d.probe_steps if d else 0,
+        budget_steps=d.probe_budget_steps if d else 0,
+        verdict=d.verdict if d else "not_tuned",
+    )
+
+
+def summary(scores: Iterable[Score]) -> dict[str, dict[str, float]]:
+    """By family and over all: count, share at >= 0.95 of the best, 1st percentile and worst of tuned / best,
+    share below the user's settings beyond noise, share over the probe budget, probe steps over budget."""
+    scores = list(scores)
+    groups: dict[str, list[Score]] = {"all": scores}
+    for s in scores:
+        groups.setdefault(s.pipeline.family, []).append(s)
+    out = {}
+    for name, group in groups.items():
+        ratios = sorted(s.ratio for s in group)
+        p1 = quantiles(ratios, n=100, method="inclusive")[0] if len(ratios) > 1 else ratios[0]
+        spent = [s.probe_steps / s.budget_steps for s in group if s.budget_steps]
+        out[name] = {
+            "n": len(group),
+            "at_95": sum(r >= 0.95 for r in ratios) / len(group),
+            "p1": p1,
+            "worst": ratios[0],
+            "median": ratios[len(ratios) // 2],
+            "below_user": sum(s.below_user for s in group) / len(group),
+            "over_budget": sum(s.over_budget for s in group) / len(group),
+            "probe_share_of_budget": sum(spent) / len(spent) if spent else 0.0,
+        }
+    return out
+
+
+def table(figures: dict[str, dict[str, float]]) -> str:
+    """``summary``'s figures as a Markdown table."""
+    rows = [
+        "| family | pipelines | tuned >= 0.95 x best | 1st percentile | worst | median | below yours | over budget "
+        "| probe steps / budget |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = ["all", *FAMILIES]
+    for name in [n for n in order if n in figures]:
+        f = figures[name]
+        rows.append(
+            f"| {name} | {f['n']:.0f} | {f['at_95']:.1%} | {f['p1']:.3f} | {f['worst']:.3f} | {f['median']:.3f} "
+            f"| {f['below_user']:.1%} | {f['over_budget']:.1%} | {f['probe_share_of_budget']:.2f} |"
+        )
+    return "\n".join(rows)

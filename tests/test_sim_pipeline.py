@@ -1,0 +1,100 @@
+"""The pipeline simulator against rates that follow from its costs alone (the instrument the tuner is
+scored with must itself be right)."""
+
+from __future__ import annotations
+
+import pytest
+from sim_pipeline import Cost, Host, Sim, SimPipeline, steady_rate, tune
+
+from lightning_loadguard.meters.settings import LoaderSettings
+
+
+def _io(cores: int = 8, **kw: object) -> SimPipeline:
+    return SimPipeline("io", "io_bound", Host(cores=cores), io=Cost(0.02), step_cpu_s=0.0, device_s=0.005,
+                       handover_s=0.0, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("workers", "expected"), [(1, 50.0), (2, 100.0), (3, 150.0), (4, 200.0), (6, 200.0)])
+def test_io_bound_workers_add_up_until_the_step_paces_the_loop(workers: int, expected: float) -> None:
+    assert steady_rate(_io(), LoaderSettings(workers, 2)) == pytest.approx(expected, rel=0.01)
+
+
+def test_without_workers_the_loop_makes_each_batch_then_steps() -> None:
+    assert steady_rate(_io(), LoaderSettings(0)) == pytest.approx(1 / 0.025, rel=0.01)
+
+
+def test_cpu_bound_workers_share_the_cores_with_the_loop() -> None:
+    # 2 cores; a batch is 16 ms of CPU, a step 2 ms of CPU on 2 threads: 18 ms of CPU per step on 2 cores.
+    p = SimPipeline("cpu", "cpu_bound", Host(cores=2), cpu=Cost(0.016), step_cpu_s=0.002, step_threads=2,
+                    handover_s=0.0)
+    assert steady_rate(p, LoaderSettings(0)) == pytest.approx(1 / 0.017, rel=0.01)
+    for workers in (2, 4, 8):
+        assert steady_rate(p, LoaderSettings(workers, 2)) == pytest.approx(2 / 0.018, rel=0.02)
+    # One worker loses a share of its core to the step's two threads while the step runs.
+    one = steady_rate(p, LoaderSettings(1, 2))
+    assert 1 / 0.0175 < one < 1 / 0.016
+
+
+def test_other_processes_take_their_share_of_the_cores() -> None:
+    p = SimPipeline("cpu", "contended", Host(cores=2, others=2.0), cpu=Cost(0.01), step_cpu_s=0.0,
+                    handover_s=0.0, device_s=0.001)
+    # 4 workers and 2 busy threads on 2 cores: the workers get 2/3 of the cores, 133 batches/s.
+    assert steady_rate(p, LoaderSettings(4, 2)) == pytest.approx(2 * 4 / 6 / 0.01, rel=0.02)
+
+
+def test_the_hand_over_bounds_the_loop_whatever_the_workers() -> None:
+    p = SimPipeline("handover", "handover_bound", Host(cores=16), io=Cost(0.001), step_cpu_s=0.0, device_s=0.002,
+                    handover_s=0.003)
+    assert steady_rate(p, LoaderSettings(4, 2)) == pytest.approx(1 / 0.005, rel=0.01)
+    assert steady_rate(p, LoaderSettings(12, 2)) == pytest.approx(1 / 0.005, rel=0.01)
+
+
+def test_batches_arrive_in_order_and_at_most_prefetch_per_worker_are_outstanding() -> None:
+    # Worker 0's batches are slow (a burst on every batch it makes is modelled by a bursty cost at share 1/2):
+    # in-order delivery makes the loop wait for them even when the others are ready.
+    p = _io(cores=8)
+    sim = Sim(p, LoaderSettings(3, 2), seed=0)
+    sim.run(50)
+    window = sim.window(10)
+    made_in_window = window.batches_made
+    assert made_in_window is not None
+    # Never more than workers x prefetch batches made ahead of the loop.
+    assert sim._handed - sim.consumed <= 3 * 2
+    assert all(r in (True, False) for r in sim.ready)
+
+
+def test_a_restart_costs_the_loop_the_workers_start_up() -> None:
+    p = _io(start_s=0.2)
+    sim = Sim(p, LoaderSettings(2, 2), seed=0)
+    sim.run(20)
+    before = sim.now
+    sim.switch(LoaderSettings(4, 2))
+    sim.run(1)
+    assert sim.now - before >= 0.2  # the next batch waits for the new workers to start
+
+
+def test_persistent_workers_skip_the_start_up_at_each_epoch() -> None:
+    fresh = _io(start_s=0.2, epoch_steps=50)
+    kept = SimPipeline(**{**fresh.__dict__, "user": LoaderSettings(2, 2, persistent_workers=True)})
+    a = Sim(fresh, LoaderSettings(2, 2), seed=0)
+    b = Sim(kept, LoaderSettings(2, 2, persistent_workers=True), seed=0)
+    a.run(200)
+    b.run(200)
+    assert a.now - b.now == pytest.approx(3 * 0.2, rel=0.2)  # three more start-ups
+
+
+def test_the_window_is_what_the_monitor_cuts() -> None:
+    sim = Sim(_io(), LoaderSettings(2, 2), seed=0)
+    sim.run(40)
+    window = sim.window(16)
+    assert window.steps == 24
+    assert window.sustained_rate == pytest.approx(100.0, rel=0.02)
+    assert window.mean_production_s == pytest.approx(0.02, rel=0.01)
+    assert window.cpu_share is not None and window.cpu_share < 0.1  # waiting on I/O, not computing
+
+
+def test_the_planner_runs_unchanged_against_it() -> None:
+    p = SimPipeline("io", "io_bound", Host(cores=8), io=Cost(0.02), device_s=0.005, epoch_steps=600)
+    tuned = tune(p, seed=0)
+    assert tuned.decision is not None and tuned.decision.verdict == "improved"
+    assert steady_rate(p, tuned.chosen) > 3 * steady_rate(p, p.user)
