@@ -63,8 +63,8 @@ def generate(seed: int) -> SimPipeline:
     if cpu_step:
         threads = float(min(cores, rng.choice((1, 2, 4, 8, 16, 32, 64))))
         device, step_cpu = 0.0, step * threads
-    # Workers the pipeline needs to keep up (at least one, at most a few per core), then the costs that need them.
-    need = _log_uniform(rng, 0.5, max(1.5, 3.0 * cores))
+    # Workers the pipeline needs to keep up (about one to three per core, at most 40), then the costs that need them.
+    need = _log_uniform(rng, 0.5, max(1.5, min(40.0, 3.0 * cores)))
     io = Cost()
     cpu = _cost(rng, rng.uniform(0.0002, 0.002))
     handover = rng.uniform(0.0001, 0.0006)
