@@ -175,9 +175,12 @@ class Sim:
 
     def __init__(self, pipeline: SimPipeline, settings: LoaderSettings, seed: int = 0) -> None:
         self.p = pipeline
+        # One stream per source of chance: two settings run with one seed see the same background load at the
+        # same times and the same sequence of costs (common random numbers: their difference is less noisy).
         self.rng = random.Random(seed)
-        self._io = pipeline.io.sampler(self.rng)
-        self._cpu = pipeline.cpu.sampler(self.rng)
+        self._load_rng = random.Random(seed * 7919 + 1)
+        self._io = pipeline.io.sampler(random.Random(seed * 7919 + 2))
+        self._cpu = pipeline.cpu.sampler(random.Random(seed * 7919 + 3))
         host = pipeline.host
         self.cores = float(host.cores)
         self._drift_phase = self.rng.uniform(0, 2 * math.pi)
@@ -349,8 +352,8 @@ class Sim:
                     self._on_cpu(a, self._batch_cpu[a], _BATCH)
             elif kind == _BG:
                 host = self.p.host
-                self._background = self.rng.expovariate(1.0 / host.background)
-                self._schedule(self.now + self.rng.expovariate(1.0 / host.background_interval_s), _BG)
+                self._background = self._load_rng.expovariate(1.0 / host.background)
+                self._schedule(self.now + self._load_rng.expovariate(1.0 / host.background_interval_s), _BG)
             else:
                 self._device_done = True
 
