@@ -81,7 +81,7 @@ def generate(seed: int) -> SimPipeline:
             share = rng.uniform(0.03, 0.2)
             io = Cost(base, "bursty", spread=need * step * rng.uniform(1.0, 4.0), burst=share)
         else:
-            io = Cost(need * step, "pareto", spread=rng.uniform(1.3, 2.5))
+            io = Cost(need * step, "pareto", spread=rng.uniform(2.0, 3.5))  # a finite variance
     elif family == "handover_bound":
         handover = rng.uniform(0.6, 1.2) * step
         io = _cost(rng, step * rng.uniform(0.5, 3.0))
