@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 try:
     import lightning.pytorch as pl
@@ -223,17 +225,14 @@ def train_loaders(trainer: Any) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
-def rank_sync_fn(trainer: Any) -> Callable[..., list[Any]]:
-    """A ``torchmetrics`` ``dist_sync_fn`` over the strategy's public ``all_gather`` (any strategy, any device).
-
-    ``all_gather`` returns the ranks' tensors stacked; torchmetrics wants them as a list.
-    """
-    strategy, world = trainer.strategy, trainer.world_size
-
-    def gather(tensor: Any, group: Any = None) -> list[Any]:
-        return list(strategy.all_gather(tensor).reshape(world, *tensor.shape).unbind(0))
-
-    return gather
+def gather_rows(trainer: Any, row: Sequence[float]) -> list[list[float]]:
+    """Every rank's ``row`` of figures (equal lengths), by global rank, in one collective: the strategy's public
+    ``all_gather`` (any strategy; the row travels as float64 on the strategy's device, as NCCL needs)."""
+    strategy = trainer.strategy
+    tensor = torch.tensor([float(v) for v in row], dtype=torch.float64, device=strategy.root_device)
+    # Stacked by rank: (world, length), or the tensor itself where one process trains.
+    gathered = strategy.all_gather(tensor)
+    return gathered.reshape(int(trainer.world_size), len(row)).cpu().tolist()
 
 
 def log_step(trainer: Any) -> int:

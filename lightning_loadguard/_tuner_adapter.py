@@ -7,14 +7,13 @@ through :mod:`lightning_loadguard._lightning`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_utilities.core.rank_zero import rank_zero_info
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard.meters.monitor import LoaderMonitor
-from lightning_loadguard.meters.ranks import SyncFn
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.session import TuningSession
@@ -56,9 +55,8 @@ class _LightningPort:
     def pinning_helps(self) -> bool:
         return self._trainer.strategy.root_device.type == "cuda"
 
-    @property
-    def sync_fn(self) -> SyncFn | None:
-        return _pl.rank_sync_fn(self._trainer)
+    def gather_rows(self, row: Sequence[float]) -> list[list[float]]:
+        return _pl.gather_rows(self._trainer, row)
 
     def train_iterator(self) -> tuple[Any | None, str | None]:
         return _pl.train_iterator(self._trainer)

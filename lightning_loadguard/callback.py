@@ -22,7 +22,7 @@ from lightning_loadguard.meters.accelerator import GpuUtilization
 from lightning_loadguard.meters.device import DeviceEvent, cuda_events
 from lightning_loadguard.meters.host import host_key
 from lightning_loadguard.meters.monitor import LoaderMonitor
-from lightning_loadguard.meters.ranks import RankFigures, logging_pace, rank_figures, rank_rows, summarise
+from lightning_loadguard.meters.ranks import figure_row, figures_by_name, logging_pace, rank_figures, summarise
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
@@ -177,7 +177,6 @@ class LoadGuard(_pl.Callback):
         self.print_summary = print_summary
         self._monitor = LoaderMonitor(self.window, guarded=self._guarded, on_error=self._switch_off)
         self._monitor.on_settings_changed = self._settings_changed
-        self._ranks = RankFigures()
         self._measure_batch = True
         self._log_due = False
         self._every = 0  # steps between logging steps, known from on_train_start
@@ -189,7 +188,7 @@ class LoadGuard(_pl.Callback):
         self._gpu: GpuUtilization | None = None
         self._said: set[str] = set()
         self._switched_off: set[str] = set()
-        self._host_key = float(host_key())
+        self._host_key = _NAN  # read where the rank runs, when its fit starts (setup)
         # Weak: a callback that holds its trainer would make every copy or pickle of the callbacks carry it.
         self._trainer: weakref.ref[Any] | None = None
         self._patches = Patches()
@@ -270,6 +269,9 @@ class LoadGuard(_pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        # Here, in the process that trains: a callback built elsewhere and shipped to the ranks counts on the host
+        # it runs on. A malformed LOADGUARD_HOST_KEY is refused before anything is changed.
+        self._host_key = float(host_key())
         self._trainer = weakref.ref(trainer)
         # Every change to the user's objects is recorded with its undo, for teardown and on_exception alike.
         self._patches.add("the train loader's class", self._monitor.detach)
@@ -282,8 +284,6 @@ class LoadGuard(_pl.Callback):
         if _pl.hook_loaders_ready(trainer, self._on_loaders_ready):
             self._patches.add("the fit loop's loader hook", _pl.unhook_loaders_ready, trainer)
         self._monitor.accelerator = trainer.strategy.root_device.type != "cpu"
-        # The ranks' figures travel in a collective: on the device the strategy gathers from.
-        self._ranks = self._ranks.to(trainer.strategy.root_device)
         self._gpu = GpuUtilization(trainer.strategy.root_device)
         if self._gpu.unavailable and trainer.strategy.root_device.type == "cuda":
             self._say_once(f"accelerator utilization is not measured: {self._gpu.unavailable}.")
@@ -498,7 +498,8 @@ class LoadGuard(_pl.Callback):
         # A copy is detached from the fit: it keeps the settings and the figures, not the trainer (the monitor
         # leaves the loader and the device's events behind itself).
         state = {k: v for k, v in self.__dict__.items() if k not in _HOOKS}  # its hooks, awake
-        state.update(_trainer=None, _gpu=None, _quiet_fetches=0)  # an NVML handle belongs to its process
+        # An NVML handle belongs to its process, the host key to the host the copy's fit runs on.
+        state.update(_trainer=None, _gpu=None, _quiet_fetches=0, _host_key=_NAN)
         return state
 
     # -- figures ---------------------------------------------------------------------------------------
@@ -546,14 +547,14 @@ class LoadGuard(_pl.Callback):
 
     def _local_figures(self, snapshot: WindowSnapshot) -> dict[str, float]:
         gpu = self._gpu.read() if self._gpu is not None else None
-        return rank_figures(snapshot, self._host_key, gpu)
+        return rank_figures(snapshot, self._host_key, gpu, self._monitor.loaders_settings)
 
-    def _gathered(self, trainer: Any) -> dict[str, list[float]] | None:
-        """Every rank's figures, gathered; never switched off (see :meth:`_guarded`): a rank that left the
-        collective alone would leave the others waiting in it for good. A failure is said once, and the next
-        logging step gathers again, as every rank does."""
+    def _gathered(self, trainer: Any, row: list[float]) -> dict[str, list[float]] | None:
+        """Every rank's figures, gathered (one collective); never switched off (see :meth:`_guarded`): a rank
+        that left the collective alone would leave the others waiting in it for good. A failure is said once,
+        and the next logging step gathers again, as every rank does."""
         try:
-            return self._ranks.gather(_pl.rank_sync_fn(trainer), trainer.world_size)
+            return figures_by_name(_pl.gather_rows(trainer, row))
         except Exception as err:
             self._say_once(
                 f"gathering the ranks' figures failed ({type(err).__name__}: {err}); they are gathered again at the "
@@ -577,12 +578,13 @@ class LoadGuard(_pl.Callback):
         figures = self._guarded("summarising the window", self._local_figures, snapshot) if snapshot else None
         figures = figures or {"host_key": self._host_key}
         figures["logging_step_ms"] = self._logging_step_s * 1e3
+        row = self._guarded("passing the window to the ranks", figure_row, figures)
+        row = row or figure_row({"host_key": self._host_key})
         if trainer.world_size == 1:
-            ranks = self._guarded("combining the ranks' figures", rank_rows, figures)
+            ranks = self._guarded("combining the ranks' figures", figures_by_name, [row])
         else:
-            self._guarded("passing the window to the ranks", self._ranks.update, figures)
             # Every rank reaches the collective on the same steps whatever happened locally, before or after.
-            ranks = self._gathered(trainer)
+            ranks = self._gathered(trainer, row)
         if ranks is None:
             return
         # Which steps log next follows from the gathered figures alone (plain arithmetic: it fails on every rank
@@ -594,8 +596,15 @@ class LoadGuard(_pl.Callback):
         self._monitor.processes_on_host = combined.processes_on_host
         self.metrics = combined.metrics
         if snapshot is not None:
-            host = replace(snapshot.host, processes_on_host=combined.processes_on_host)
-            inflight = combined.inflight_host_bytes
+            own = combined.host
+            # The diagnosis judges this rank's host by the figures summed over its ranks.
+            host = replace(
+                snapshot.host,
+                processes_on_host=own.processes,
+                workers_on_host=own.workers,
+                cpu_count=own.cores if own.cores is not None else snapshot.host.cpu_count,
+            )
+            inflight = own.inflight_bytes
             self.snapshot = replace(
                 snapshot,
                 host=host,

@@ -13,11 +13,25 @@ METRICS: dict[str, str] = {
     "loadguard/producer_rate": "batches per second the loader's workers can sustain (capacity)",
     "loadguard/ready_fraction": "share of fetches for which a batch was already waiting (0..1)",
     "loadguard/epoch_start_ms": "time to create the epoch's iterator: worker start-up (ms)",
-    "loadguard/inflight_host_mb": "batch memory in flight on the host, summed over its training processes (MB)",
+    "loadguard/host_processes": "training processes (ranks) on this rank's host",
+    "loadguard/host_workers": "loader worker processes on the host, summed over its training processes",
+    "loadguard/host_prefetch_capacity": "batches the host's prefetch queues can hold, summed over its training "
+    "processes",
+    "loadguard/host_prefetch_queued": "batches made and waiting in the host's prefetch queues (window mean), "
+    "summed over its training processes",
+    "loadguard/inflight_host_mb": "bytes of the host's prefetch capacity: batch memory in flight on the host, "
+    "summed over its training processes (MB)",
+    "loadguard/queued_host_mb": "bytes of the batches queued on the host (MB)",
     "loadguard/inflight_budget_fraction": "in-flight batch memory as a share of the host's tighter budget, "
-    "available RAM or free /dev/shm (0..1), the most loaded host",
+    "available RAM or free /dev/shm (0..1)",
+    "loadguard/host_cores": "cores the host's training processes may use",
     "loadguard/host_available_mb": "the host's available RAM (MB)",
-    "loadguard/shm_free_mb": "free space on /dev/shm (MB)",
+    "loadguard/shm_free_mb": "free space on the host's /dev/shm (MB)",
+    "loadguard/hosts": "hosts the ranks run on (runs on several hosts only)",
+    "loadguard/inflight_host_mb_max": "batch memory in flight on the busiest host (MB; runs on several hosts "
+    "only)",
+    "loadguard/inflight_budget_fraction_max": "the highest inflight_budget_fraction of any host (0..1; runs on "
+    "several hosts only)",
     "loadguard/transfer_ms": "mean time from a batch's arrival to the start of its step: input conversion and "
     "the copy to the device (ms)",
     "loadguard/device_idle_fraction": "share of the accelerator's time idle between steps (0..1), on its own "
@@ -87,10 +101,22 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                     "loadguard/device_loop_idle_fraction",
                 ],
             ],
-            "8. Batch memory in flight on the host (MB)": ["Multiline", ["loadguard/inflight_host_mb"]],
+            "8. Batch memory on the host (MB): the prefetch queues' capacity (inflight) and what is queued; the "
+            "busiest host's": [
+                "Multiline",
+                ["loadguard/inflight_host_mb", "loadguard/queued_host_mb", "loadguard/inflight_host_mb_max"],
+            ],
             "9. Host memory left: available RAM and free /dev/shm (MB)": [
                 "Multiline",
                 ["loadguard/host_available_mb", "loadguard/shm_free_mb"],
+            ],
+            "10. The host's loader workers and its usable cores": [
+                "Multiline",
+                ["loadguard/host_workers", "loadguard/host_cores"],
+            ],
+            "11. Batches on the host: the prefetch queues' capacity and what is queued": [
+                "Multiline",
+                ["loadguard/host_prefetch_capacity", "loadguard/host_prefetch_queued"],
             ],
         }
     }

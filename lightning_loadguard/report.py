@@ -137,8 +137,10 @@ def metric_unit(name: str) -> str:
     Example:
         >>> metric_unit("loadguard/data_wait_ms"), metric_unit("loadguard/throughput")
         ('ms', 'batches/s')
+        >>> metric_unit("loadguard/host_workers"), metric_unit("loadguard/inflight_host_mb_max")
+        ('workers', 'MB')
     """
-    short = name.removeprefix(_PREFIX)
+    short = name.removeprefix(_PREFIX).removesuffix("_max")  # the most of any host: the figure's unit
     if short.endswith("_ms"):
         return "ms"
     if short.endswith("_mb"):
@@ -149,6 +151,10 @@ def metric_unit(name: str) -> str:
         return "batches/s"
     if short in ("num_workers", "prefetch_factor"):
         return "setting"
+    if short.startswith("host_"):
+        return {"host_prefetch_capacity": "batches", "host_prefetch_queued": "batches"}.get(short, short[5:])
+    if short == "hosts":
+        return "hosts"
     return "rank" if short == "worst_rank" else ""
 
 
@@ -204,10 +210,21 @@ def format_summary(
         ("producer capacity (run)", _fmt(run_capacity, " batches/s")),
         ("batch ready at fetch", _fmt(get("loadguard/ready_fraction"), "", 2)),
         ("epoch start-up", _fmt(max(epoch_start_s) * 1e3 if epoch_start_s else None, " ms (slowest)")),
-        ("in-flight batch memory on host", _fmt(get("loadguard/inflight_host_mb"), " MB")),
-        ("host RAM available", _fmt(get("loadguard/host_available_mb"), " MB", 0)),
-        ("/dev/shm free", _fmt(get("loadguard/shm_free_mb"), " MB", 0)),
+        ("host: training processes", _fmt(get("loadguard/host_processes"), "", 0)),
+        ("host: loader workers", _fmt(get("loadguard/host_workers"), "", 0)),
+        ("host: usable cores", _fmt(get("loadguard/host_cores"), "", 0)),
+        ("host: prefetch capacity", _fmt(get("loadguard/host_prefetch_capacity"), " batches", 0)),
+        ("host: batches queued", _fmt(get("loadguard/host_prefetch_queued"), " batches (mean)")),
+        ("host: in-flight batch memory", _fmt(get("loadguard/inflight_host_mb"), " MB", 2)),
+        ("host: queued batch memory", _fmt(get("loadguard/queued_host_mb"), " MB", 2)),
+        ("host: RAM available", _fmt(get("loadguard/host_available_mb"), " MB", 0)),
+        ("host: /dev/shm free", _fmt(get("loadguard/shm_free_mb"), " MB", 0)),
     ]
+    if "loadguard/hosts" in metrics:
+        rows += [
+            ("hosts", _fmt(get("loadguard/hosts"), "", 0)),
+            ("busiest host: in-flight batch memory", _fmt(get("loadguard/inflight_host_mb_max"), " MB", 2)),
+        ]
     if "loadguard/device_step_ms" in metrics:
         rows += [
             ("device step (device clock)", _fmt(get("loadguard/device_step_ms"), " ms")),

@@ -324,3 +324,10 @@ def fit_scenario(scenario: Scenario, epochs: int = 2, **guard_kwargs: Any) -> tu
     quiet_trainer(max_epochs=epochs, callbacks=[guard], profiler=profiler).fit(module, scenario.loader())
     module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     return guard, module
+
+
+def leave_process_group() -> None:
+    """End a DDP script's process group before the interpreter exits: an initialized gloo group left to the exit
+    can abort the process (SIGABRT, "terminate called without an active exception") after training finished."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,13 +1,20 @@
-"""LoadGuard under a real 2-process CPU DDP fit (gloo): the worst rank's wait, per-host memory."""
+"""LoadGuard under real multi-process CPU DDP fits (gloo): the worst rank's wait; each host's workers, batches
+and memory, summed from every rank's own loader."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
+import psutil
 import pytest
 from programs import run_program
 
+from lightning_loadguard import cli
+from lightning_loadguard.cli._runs import read_runs
+from lightning_loadguard.dashboard import custom_scalars_layout
 from lightning_loadguard.model.diagnosis import STRAGGLER_GAP
 
 
@@ -44,3 +51,50 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     # A rank that waits clearly more than the others is named.
     assert "straggler_rank" in rank0["verdicts"]
     assert worst in rank0["straggler"].values()
+
+
+def test_each_rank_reports_its_own_host_summed_from_every_ranks_loader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three ranks (tests/ddp_hosts_script.py): ranks 0 and 1 on this machine with 2 workers x prefetch 3 and
+    1 worker x prefetch 2; rank 2 told apart by LOADGUARD_HOST_KEY with 1 worker x prefetch 4. Every rank's
+    LoadGuard was built and pickled under a third host's name: each must count the host it runs on."""
+    script = Path(__file__).with_name("ddp_hosts_script.py")
+    done = run_program([script, tmp_path], timeout=240, cwd=script.parent, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    batch_bytes = 4 * (8 + 4 * 256)  # 4 samples: an int64 index and 256 float32 features each
+    hosts = [
+        {"processes": 2, "workers": 2 + 1, "capacity": 2 * 3 + 1 * 2},  # ranks 0 and 1
+        {"processes": 1, "workers": 1, "capacity": 1 * 4},  # rank 2
+    ]
+    usable = len(os.sched_getaffinity(0))
+    for rank, result in enumerate(ranks):
+        host, metrics = hosts[rank // 2], result["metrics"]
+        assert metrics["loadguard/host_processes"] == host["processes"] == result["processes_on_host"], rank
+        assert metrics["loadguard/host_workers"] == host["workers"] == result["workers_on_host"], rank
+        assert metrics["loadguard/host_prefetch_capacity"] == host["capacity"], rank
+        assert result["inflight_host_bytes"] == host["capacity"] * batch_bytes, rank
+        assert metrics["loadguard/inflight_host_mb"] == pytest.approx(host["capacity"] * batch_bytes / 1e6), rank
+        queued = metrics["loadguard/host_prefetch_queued"]
+        assert 0 < queued <= host["capacity"], rank  # a producer far faster than the step keeps its queues full
+        assert metrics["loadguard/queued_host_mb"] == pytest.approx(queued * batch_bytes / 1e6), rank
+        assert 1 <= metrics["loadguard/host_cores"] <= usable, rank
+        assert 0 < metrics["loadguard/host_available_mb"] <= psutil.virtual_memory().total / 1e6, rank
+        # The busiest host, named apart, alike on every rank.
+        assert metrics["loadguard/hosts"] == 2
+        assert metrics["loadguard/inflight_host_mb_max"] == pytest.approx(8 * batch_bytes / 1e6), rank
+        for finding in result["oversubscribed"]:  # where the cores were too few for the host's workers
+            assert finding.startswith(f"Host oversubscribed: {host['workers']} worker processes"), finding
+        assert re.search(rf"host: loader workers\W+{host['workers']}\b", result["summary"]), result["summary"]
+        assert re.search(rf"host: prefetch capacity\W+{host['capacity']} batches", result["summary"])
+    # What rank 0 logged (its own host), read back from the event files; the dashboard charts it.
+    run = read_runs(tmp_path)[-1]
+    assert run.scalars["loadguard/host_workers"].latest == 3
+    assert run.scalars["loadguard/host_prefetch_capacity"].latest == 8
+    charted = {tag for _, (_, tags) in custom_scalars_layout()["LoadGuard"].items() for tag in tags}
+    assert {"loadguard/host_workers", "loadguard/host_prefetch_capacity", "loadguard/host_prefetch_queued"} <= charted
+    assert cli.main(["report", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    line = next(line for line in report.splitlines() if "loadguard/host_prefetch_capacity" in line)
+    assert re.search(r"\b8\b", line) and "batches" in line, line

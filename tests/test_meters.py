@@ -6,8 +6,9 @@ import math
 import multiprocessing
 import os
 import pickle
+import socket
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from statistics import fmean
 
 import pytest
@@ -16,12 +17,21 @@ from pipelines import ClockedDataset, clocked_collate
 from torch.utils.data import DataLoader
 
 import lightning_loadguard.meters.producer as producer_module
+from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters.consumer import ConsumerMeter
-from lightning_loadguard.meters.host import batch_nbytes, host_facts
+from lightning_loadguard.meters.host import HOST_KEY_ENV, batch_nbytes, host_facts, host_key, host_name
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_INTERVAL_S, LoaderMonitor
 from lightning_loadguard.meters.producer import ProducerCounters, ProducerMeter
-from lightning_loadguard.meters.ranks import FIELDS, RankFigures, logging_pace, summarise
+from lightning_loadguard.meters.ranks import (
+    FIELDS,
+    figure_row,
+    figures_by_name,
+    logging_pace,
+    rank_figures,
+    rank_rows,
+    summarise,
+)
 from lightning_loadguard.meters.window import LoaderSettings, WindowSnapshot
 from lightning_loadguard.synthetic import TimedDataset
 
@@ -266,27 +276,20 @@ def test_probe_refuses_what_it_cannot_instrument() -> None:
     assert "not a torch DataLoader" in instrument([1, 2, 3], probe)
 
 
-def _gathered_from(ranks: list[RankFigures]) -> Callable[..., list[torch.Tensor]]:
-    """A ``dist_sync_fn`` standing in for the collective: each call gathers the next state of every rank."""
-    streams = [iter([getattr(r, name) for name in r._reductions]) for r in ranks]
-
-    def gather(tensor: torch.Tensor, group: object = None) -> list[torch.Tensor]:
-        return [next(stream) for stream in streams]
-
-    return gather
+def _gathered(rows: list[dict[str, float]]) -> dict[str, list[float]]:
+    """What every rank holds after the gather: each rank's row, by global rank."""
+    return figures_by_name([figure_row(values) for values in rows])
 
 
 def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
-    def rank(wait: float, host: float, nbytes: float) -> RankFigures:
+    def rank(wait: float, host: float, nbytes: float) -> dict[str, float]:
         values = dict.fromkeys(FIELDS, 1.0)
         values.update(wait_fraction=wait, host_key=host, inflight_bytes=nbytes, gpu_util=float("nan"))
         values.update((name, float("nan")) for name in FIELDS if name.startswith("device_"))  # a CPU run
-        figures = RankFigures()
-        figures.update(values)
-        return figures
+        return values
 
-    ranks = [rank(0.1, 1, 2e6), rank(0.7, 1, 2e6), rank(0.2, 2, 1e6)]
-    out = summarise(ranks[0].gather(sync_fn=_gathered_from(ranks), world_size=3), this_rank=0)
+    ranks = _gathered([rank(0.1, 1, 2e6), rank(0.7, 1, 2e6), rank(0.2, 2, 1e6)])
+    out = summarise(ranks, this_rank=0)
     assert out.worst_rank == 1
     assert out.metrics["loadguard/wait_fraction"] == 0.7
     assert out.metrics["loadguard/inflight_host_mb"] == 4.0  # host 1: two ranks of 2 MB
@@ -294,48 +297,115 @@ def test_rank_figures_take_the_worst_rank_and_sum_per_host() -> None:
     assert out.processes_on_host == 2
     assert "loadguard/gpu_util" not in out.metrics
     with pytest.raises(ValueError, match="rank figures"):
-        RankFigures().update({"no_such_figure": 1.0})
+        figure_row({"no_such_figure": 1.0})
+
+
+def test_each_rank_reports_its_own_host_and_the_busiest_apart() -> None:
+    """Two hosts, unevenly loaded: host 1 runs two ranks (2 workers x prefetch 3 and 1 x 2, batches of 1 MB),
+    host 2 one (1 x 2, batches of 3 MB); each rank's host figures are its own host's sums."""
+    settings = [(1.0, 2, 3, 1e6, 4000.0, 16), (1.0, 1, 2, 1e6, 3000.0, 16), (2.0, 1, 2, 3e6, 100.0, 8)]
+    rows = []
+    for key, workers, prefetch, batch, available_mb, cores in settings:
+        rows.append({"host_key": key, "workers": float(workers), "prefetch_capacity": float(workers * prefetch),
+                     "prefetch_queued": 1.5, "inflight_bytes": batch * workers * prefetch,
+                     "queued_bytes": batch * 1.5, "host_cores": float(cores), "host_available_mb": available_mb,
+                     "shm_free_mb": 1e5})
+    ranks = _gathered(rows)
+    first, second, third = (summarise(ranks, this_rank=rank) for rank in range(3))
+    assert first.metrics == second.metrics  # the same host: the same figures
+    one = first.metrics
+    assert one["loadguard/host_processes"] == 2 and one["loadguard/host_workers"] == 3
+    assert one["loadguard/host_prefetch_capacity"] == 8 and one["loadguard/host_prefetch_queued"] == 3.0
+    assert one["loadguard/inflight_host_mb"] == 8.0 and one["loadguard/queued_host_mb"] == 3.0
+    assert one["loadguard/host_cores"] == 16 and one["loadguard/host_available_mb"] == 3000.0
+    assert one["loadguard/inflight_budget_fraction"] == pytest.approx(8.0 / 3000.0)
+    two = third.metrics
+    assert two["loadguard/host_processes"] == 1 and two["loadguard/host_workers"] == 1
+    assert two["loadguard/host_prefetch_capacity"] == 2 and two["loadguard/inflight_host_mb"] == 6.0
+    assert two["loadguard/host_cores"] == 8 and two["loadguard/inflight_budget_fraction"] == pytest.approx(0.06)
+    assert third.inflight_host_bytes == 6e6 and third.host.workers == 1
+    # The busiest host, named apart and alike on every rank: host 1 holds the most bytes, host 2 the most of
+    # its budget.
+    for out in (first, third):
+        assert out.metrics["loadguard/hosts"] == 2
+        assert out.metrics["loadguard/inflight_host_mb_max"] == 8.0
+        assert out.metrics["loadguard/inflight_budget_fraction_max"] == pytest.approx(0.06)
+    # On one host there is no busiest host to speak of.
+    alone = summarise(_gathered(rows[:2]), this_rank=0).metrics
+    assert "loadguard/hosts" not in alone and "loadguard/inflight_host_mb_max" not in alone
+
+
+def test_a_host_sum_with_a_part_unmeasured_is_left_out() -> None:
+    # Rank 1 has not sized a batch yet: half a sum would pass for the host's.
+    rows = [{"host_key": 5.0, "workers": 2.0, "prefetch_capacity": 4.0, "inflight_bytes": 4e6},
+            {"host_key": 5.0, "workers": 1.0, "prefetch_capacity": 2.0}]
+    metrics = summarise(_gathered(rows), this_rank=1).metrics
+    assert metrics["loadguard/host_workers"] == 3 and "loadguard/inflight_host_mb" not in metrics
+
+
+def test_a_ranks_figures_count_its_loaders_as_they_run() -> None:
+    snap = WindowSnapshot(wait_s=(0.01,) * 4, step_s=(0.02,) * 4, batch_bytes=1000, buffer_level=(6, 5, 6, 7),
+                          settings=LoaderSettings(num_workers=2, prefetch_factor=3))
+    figures = rank_figures(snap, host_key=1.0)
+    assert (figures["workers"], figures["prefetch_capacity"], figures["inflight_bytes"]) == (2, 6, 6000)
+    assert (figures["prefetch_queued"], figures["queued_bytes"]) == (6.0, 6000.0)
+    # In process nothing is prefetched; two loaders of one rank: their workers and queues add up, their bytes
+    # are not known apart (the batch measured is theirs together).
+    in_process = rank_figures(replace(snap, settings=LoaderSettings(), buffer_level=None), host_key=1.0)
+    assert (in_process["workers"], in_process["prefetch_capacity"], in_process["prefetch_queued"]) == (0, 0, 0)
+    two = rank_figures(snap, host_key=1.0, loaders=(LoaderSettings(2, 3), LoaderSettings(1, 4, pin_memory=True)))
+    assert (two["workers"], two["prefetch_capacity"]) == (3, 11)
+    assert math.isnan(two["inflight_bytes"]) and math.isnan(two["prefetch_queued"])
 
 
 def test_every_rank_paces_its_logging_by_the_costliest_ranks_logging_step() -> None:
     """The cost travels with the figures and is reduced alike on every rank (the ranks must keep meeting in
     the collective on the same steps); it is not a logged metric."""
-    rows = [{"host_key": 1.0, "logging_step_ms": cost} for cost in (0.4, 1.5, float("nan"))]
+    gathered = _gathered([{"host_key": 1.0, "logging_step_ms": cost} for cost in (0.4, 1.5, float("nan"))])
     paced = []
     for this_rank in range(3):
-        ranks = []
-        for values in rows:
-            figures = RankFigures()
-            figures.update(values)
-            ranks.append(figures)
-        gathered = ranks[this_rank].gather(sync_fn=_gathered_from(ranks), world_size=3)
         paced.append(logging_pace(gathered))
         assert not any("logging_step" in name for name in summarise(gathered, this_rank).metrics)
     assert [out.logging_step_s for out in paced] == [pytest.approx(0.0015)] * 3
-    assert logging_pace(RankFigures().gather()).logging_step_s == 0.0  # before any logging step: not known
+    assert logging_pace(rank_rows({"host_key": 1.0})).logging_step_s == 0.0  # before any logging step: not known
 
 
 def test_on_accelerators_ranks_are_compared_by_the_devices_idle_for_data() -> None:
     # Rank 0's device idles more, although its host waits less (rank 1's host waits while its device still
     # has work queued).
-    ranks = []
-    for host_wait, device_idle in ((0.1, 0.3), (0.5, 0.02)):
-        figures = RankFigures()
-        figures.update({"wait_fraction": host_wait, "device_data_idle_fraction": device_idle, "host_key": 7.0})
-        ranks.append(figures)
-    out = summarise(ranks[0].gather(sync_fn=_gathered_from(ranks), world_size=2), this_rank=0)
+    rows = [
+        {"wait_fraction": host_wait, "device_data_idle_fraction": device_idle, "host_key": 7.0}
+        for host_wait, device_idle in ((0.1, 0.3), (0.5, 0.02))
+    ]
+    out = summarise(_gathered(rows), this_rank=0)
     assert out.worst_rank == 0 and out.rank_wait_fractions == (0.3, 0.02)
 
 
 def test_a_single_process_without_a_process_group_combines_its_own_figures() -> None:
-    figures = RankFigures()
-    figures.update({"wait_fraction": 0.3, "gpu_util": 50.0, "host_key": 3.0})
-    out = summarise(figures.gather(), this_rank=0)
+    out = summarise(rank_rows({"wait_fraction": 0.3, "gpu_util": 50.0, "host_key": 3.0}), this_rank=0)
     assert out.metrics["loadguard/wait_fraction"] == 0.3 and out.metrics["loadguard/gpu_util"] == 50.0
     assert out.processes_on_host == 1 and "loadguard/worst_rank" not in out.metrics
-    # The states start afresh for the next logging step.
-    figures.update({"host_key": 3.0})
-    assert "loadguard/gpu_util" not in summarise(figures.gather(), this_rank=0).metrics
+    assert "loadguard/gpu_util" not in summarise(rank_rows({"host_key": 3.0}), this_rank=0).metrics
+
+
+def test_the_host_override_names_the_host_and_refuses_bad_values() -> None:
+    assert host_name({}) == socket.gethostname()
+    assert host_name({HOST_KEY_ENV: "pod-7.rack:2"}) == "pod-7.rack:2"
+    assert host_key({HOST_KEY_ENV: "a"}) == host_key({HOST_KEY_ENV: "a"}) != host_key({HOST_KEY_ENV: "b"})
+    assert host_key({}) == host_key({HOST_KEY_ENV: socket.gethostname()})
+    for bad in ("", " ", "node 7", "-node", "n\n", "x" * 256, "nöde"):
+        with pytest.raises(ValueError, match=f"^{HOST_KEY_ENV}=") as err:
+            host_key({HOST_KEY_ENV: bad})
+        assert "unset it" in str(err.value)
+
+
+def test_a_bad_host_override_stops_the_fit_before_it_changes_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = LoadGuard()
+    monkeypatch.setenv(HOST_KEY_ENV, "")
+    # The trainer is never touched: the override is read first.
+    with pytest.raises(ValueError, match=HOST_KEY_ENV):
+        guard.setup(object(), object(), "fit")  # type: ignore[arg-type]
+    assert guard._trainer is None and len(guard._patches) == 0
 
 
 def test_batch_nbytes_and_host_facts() -> None:

@@ -132,17 +132,11 @@ def test_a_draining_buffer_does_not_flatter_the_rate() -> None:
     assert filling.sustained_rate == pytest.approx(100.0)
 
 
-def _gather_from(metrics: list[WindowRanks]):
-    """A ``dist_sync_fn`` that hands out each rank's state in the order torchmetrics asks for them."""
-    streams = [iter([getattr(m, name) for name in m._reductions]) for m in metrics]
-    return lambda tensor, group=None: [next(stream) for stream in streams]
-
-
 def _combine(windows: list[WindowSnapshot], failed: list[bool], steps: int = 6) -> tuple[WindowSnapshot, bool]:
-    ranks = [WindowRanks(steps=steps, production=12) for _ in windows]
-    for metric, w, f in zip(ranks, windows, failed, strict=True):
-        metric.update(w, failed=f)
-    return ranks[0].combine(windows[0], _gather_from(ranks), world_size=len(windows))
+    ranks = WindowRanks(steps=steps, production=12)
+    rows = [ranks.row(w, failed=f) for w, f in zip(windows, failed, strict=True)]  # what the gather hands back
+    assert len({len(row) for row in rows}) == 1 and not ranks.broken(rows)
+    return ranks.combine(windows[0], rows)
 
 
 def test_ranks_combine_to_the_slowest_producer_and_the_real_compute() -> None:
@@ -1027,3 +1021,10 @@ def test_a_setting_that_could_not_beat_yours_at_the_top_of_its_noise_is_not_meas
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), NOISY, epoch_steps=1000)
     assert _noisy_search(planner, windows)[:4] == [0, 1, 4, 2]
     assert planner.decide().num_workers == 2, planner.decide().table()
+
+
+def test_a_window_that_failed_to_measure_on_one_rank_is_broken_on_every_rank() -> None:
+    ranks = WindowRanks(steps=6, production=12)
+    good, lost = ranks.row(window(50.0, 0.010, 0.02), failed=False), ranks.row(None, failed=False)
+    assert len(good) == len(lost)  # every rank still meets the others in the gather, with a row of one length
+    assert ranks.broken([good, lost]) and ranks.broken([lost, good]) and not ranks.broken([good, good])

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shutil
+import socket
 import time
-import zlib
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -56,11 +60,55 @@ def host_facts(processes_on_host: int = 1, max_age_s: float = 0.0) -> HostFacts:
     )
 
 
-def host_key() -> int:
-    """A number naming this host, equal on all of its processes (to group ranks by host)."""
-    import socket
+HOST_KEY_ENV = "LOADGUARD_HOST_KEY"
+"""The environment variable that names the host a training process counts on, in place of its hostname."""
 
-    return zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
+
+
+def host_name(environ: Mapping[str, str] | None = None) -> str:
+    """The name of the host this process counts on: ``LOADGUARD_HOST_KEY`` where set, else the hostname.
+
+    Ranks of one name share its cores, memory and ``/dev/shm`` in LoadGuard's counts. Containers or pods on one
+    machine with their own hostnames count apart (each within its own limits); set the variable to the same
+    value in each to count them together, or to different values to count apart processes that share a
+    hostname. Read where the process runs, when a fit starts.
+
+    Raises:
+        ValueError: the variable is set but empty, or is not 1 to 255 letters, digits, ``.``, ``_``, ``:`` or
+            ``-`` starting with a letter or digit.
+
+    Example:
+        >>> host_name({"LOADGUARD_HOST_KEY": "rack3-node07"})
+        'rack3-node07'
+        >>> host_name({"LOADGUARD_HOST_KEY": "node 7"})
+        Traceback (most recent call last):
+        ...
+        ValueError: LOADGUARD_HOST_KEY='node 7' is not a host name: ...
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(HOST_KEY_ENV)
+    if value is None:
+        return socket.gethostname()
+    if not _HOST_NAME.fullmatch(value):
+        raise ValueError(
+            f"{HOST_KEY_ENV}={value!r} is not a host name: give 1 to 255 letters, digits, '.', '_', ':' or '-', "
+            f"starting with a letter or digit (training processes with the same value count as one host), or "
+            f"unset it to group them by hostname."
+        )
+    return value
+
+
+def host_key(environ: Mapping[str, str] | None = None) -> int:
+    """A number naming this process's host (:func:`host_name`), equal on all of its processes: the ranks are
+    grouped by host with it. 52 bits of a hash, exact as a float64 in the ranks' gather.
+
+    Example:
+        >>> host_key({"LOADGUARD_HOST_KEY": "a"}) == host_key({"LOADGUARD_HOST_KEY": "a"}) < 2**52
+        True
+    """
+    digest = hashlib.blake2b(host_name(environ).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**52 - 1)
 
 
 def batch_nbytes(batch: Any) -> int:

@@ -110,6 +110,7 @@ class LoaderMonitor:
         self._loader: Any = None
         self.settings = LoaderSettings()
         """The train loader's settings as last read."""
+        self._several: tuple[LoaderSettings, ...] = ()
         self.producer_instrumented = False
         """Whether production is metered inside the loader (else only the loop's side is)."""
         self.batch_bytes: int | None = None
@@ -206,6 +207,7 @@ class LoaderMonitor:
         if len(loaders) == 1 and loaders[0] is self._loader:
             return None
         self.detach()
+        self._several = tuple(settings_of(loader) for loader in loaders) if len(loaders) > 1 else ()
         if len(loaders) != 1:
             return f"the trainer iterates {len(loaders)} train loaders at once"
         loader = loaders[0]
@@ -217,6 +219,11 @@ class LoaderMonitor:
         self.producer_instrumented = True
         self._consumer.produced_on_demand = self.settings.num_workers == 0
         return None
+
+    @property
+    def loaders_settings(self) -> tuple[LoaderSettings, ...]:
+        """The settings of every train loader the trainer iterates (of one: :attr:`settings`, as it runs)."""
+        return self._several or (self.settings,)
 
     def detach(self) -> None:
         """Give the loader back its own class."""

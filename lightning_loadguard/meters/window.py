@@ -23,12 +23,22 @@ __all__ = ["HostFacts", "LoaderSettings", "WindowSnapshot", "cpu_share"]
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What this host offers and what its training processes claim."""
+    """What this host offers and what its training processes claim.
+
+    Attributes:
+        cpu_count: cores the host's training processes may use.
+        processes_on_host: training processes (ranks) on the host.
+        available_ram_bytes: its available RAM (``None``: not read).
+        shm_free_bytes: its free ``/dev/shm`` (``None``: not read).
+        workers_on_host: loader worker processes summed over the host's training processes, each rank's own
+            count (``None``: not summed, as in one rank's window before the ranks' figures are combined).
+    """
 
     cpu_count: int
     processes_on_host: int = 1
     available_ram_bytes: int | None = None
     shm_free_bytes: int | None = None
+    workers_on_host: int | None = None
 
     @property
     def cores_per_process(self) -> float:

@@ -519,7 +519,9 @@ def _cpu_share_note(cpu_share: float | None) -> str:
 def _oversubscribed(facts: _Facts) -> Finding | None:
     host = facts.snap.host
     procs = max(1, host.processes_on_host)
-    total = facts.workers * procs
+    # Summed from every rank's own count where the ranks' figures were combined; in one rank's window alone
+    # the host's other ranks are taken to run what this one does.
+    total = host.workers_on_host if host.workers_on_host is not None else facts.workers * procs
     # Workers waiting on I/O hold no core: count each at the CPU share of its busy time.
     cpu_share = 1.0 if facts.snap.cpu_share is None else facts.snap.cpu_share
     if total * cpu_share <= host.cpu_count:
@@ -530,6 +532,7 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
     budget = hb.snapshot_budget(facts.snap).max_workers
     evidence: Evidence = {
         "num_workers": facts.workers,
+        "workers_on_host": total,
         "processes_on_host": procs,
         "cpu_count": host.cpu_count,
         "worker_budget": budget,
@@ -541,8 +544,8 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         "they feed."
     )
     summary = (
-        f"Host oversubscribed: {_plural(procs, 'training process')} x {_plural(facts.workers, 'worker')} = "
-        f"{_plural(total, 'worker process')} on {host.cpu_count} cores."
+        f"Host oversubscribed: {_plural(total, 'worker process')} of {_plural(procs, 'training process')} "
+        f"on {host.cpu_count} cores."
     ).replace("processs", "processes")
     # Fewer workers is a fix only where they were measured to compute (not to wait on I/O).
     certain = facts.snap.cpu_share is not None

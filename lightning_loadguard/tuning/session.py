@@ -11,14 +11,14 @@ so epoch 0 sees the same samples in the same order. Plain Python: the training l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard.meters.monitor import LoaderMonitor, WindowMark
-from lightning_loadguard.meters.ranks import SyncFn, WindowRanks
+from lightning_loadguard.meters.ranks import WindowRanks
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget, snapshot_budget
@@ -127,9 +127,9 @@ class TrainerPort(Protocol):
         """An accelerator exists that pinned host memory speeds transfers to."""
         ...
 
-    @property
-    def sync_fn(self) -> SyncFn | None:
-        """The ``dist_sync_fn`` that gathers a tensor from every rank (``None``: torchmetrics' own)."""
+    def gather_rows(self, row: Sequence[float]) -> list[list[float]]:
+        """Every rank's ``row`` (equal lengths on every rank), by global rank: the ranks' one collective per
+        window (:data:`~lightning_loadguard.meters.ranks.Gather`)."""
         ...
 
     def train_iterator(self) -> tuple[Any | None, str | None]:
@@ -440,21 +440,19 @@ class TuningSession:
         start = self._window_start
         # On an accelerator a setting is judged by the device's idle: a pinned copy lets the host run ahead,
         # which the host's own clock does not show.
-        local, ranks = self._together(port, "measuring the window", lambda: self._measured(port, start))
-        combined, failed_elsewhere = (local, False)
-        if ranks is not None:
-            combined, failed_elsewhere = ranks.combine(local, port.sync_fn, port.world_size)
+        local, rows = self._gathered_window(port, start)
         drew = reorders = False
         if not planner.measurements and not self._iterable:  # the user's own settings, measured first
             drew, reorders = self._in_process_draws()
             if port.world_size > 1:
                 drew = port.any_rank(drew)
                 reorders = drew and port.any_rank(reorders)
-        final, next_setting = self._together(
-            port,
-            "planning the next probe",
-            lambda: self._plan(port, combined, failed_elsewhere, drew, reorders, now),
-        )
+
+        def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
+            combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
+            return self._plan(port, combined, failed_elsewhere, drew, reorders, now)
+
+        final, next_setting = self._together(port, "planning the next probe", plan)
         if final is not None:
             self._finish(port, final)
             return
@@ -587,18 +585,43 @@ class TuningSession:
             self._stop_probing()
         self._say(f"auto-tuning stopped: {stop}. {kept}; training is not affected.")
 
-    def _measured(self, port: TrainerPort, start: WindowMark | None) -> tuple[WindowSnapshot, WindowRanks | None]:
-        """This rank's window, and (where several processes train) its row for the ranks' gather, which also
-        carries whether a setting failed here."""
-        if start is None:
-            raise RuntimeError("the window's start was not marked")
-        local = self.monitor.snapshot(since=start).device_view()
-        if port.world_size <= 1:
-            return local, None
+    def _window_ranks(self) -> WindowRanks:
         steps = self._window_steps
-        ranks = WindowRanks(steps=steps, production=max(2 * steps, PROFILE_LENGTH))
-        ranks.update(local, failed=self._fault is not None)
-        return local, ranks
+        return WindowRanks(steps=steps, production=max(2 * steps, PROFILE_LENGTH))
+
+    def _gathered_window(
+        self, port: TrainerPort, start: WindowMark | None
+    ) -> tuple[WindowSnapshot, list[list[float]] | None]:
+        """This rank's window and (where several processes train) every rank's row of it, in one collective.
+
+        The row also says whether the setting failed here and whether measuring failed here (now, or a step
+        since the last collective: see :meth:`_together`); where it did on any rank, every rank raises
+        :class:`_Abandoned` here, at the same point, after the gather.
+        """
+        what, error, local = "measuring the window", None, None
+        if self._broken is not None:
+            what, error = self._broken
+        else:
+            try:
+                if start is None:
+                    raise RuntimeError("the window's start was not marked")
+                local = self.monitor.snapshot(since=start).device_view()
+            except Exception as err:
+                error = err
+        if port.world_size <= 1:
+            if error is not None or local is None:
+                raise _Abandoned(what, error)
+            return local, None
+        ranks = self._window_ranks()
+        try:
+            row = ranks.row(local, failed=self._fault is not None)
+        except Exception as err:
+            error, local = error or err, None
+            row = ranks.row(None, failed=False)
+        rows = port.gather_rows(row)
+        if local is None or ranks.broken(rows):
+            raise _Abandoned(what, error)
+        return local, rows
 
     def _agree(self, port: TrainerPort, setting: LoaderSettings | None) -> LoaderSettings | None:
         # The ranks computed the same plan from the same gathered figures; rank 0's word settles any drift.
