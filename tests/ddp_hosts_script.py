@@ -63,7 +63,6 @@ def main(out_dir: str) -> None:
         "processes_on_host": snapshot.host.processes_on_host,
         "workers_on_host": snapshot.host.workers_on_host,
         "inflight_host_bytes": snapshot.inflight_host_bytes,
-        "oversubscribed": [f.summary for f in guard.diagnosis.findings if f.verdict == "host_oversubscribed"],
     }
     Path(out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,6 +192,17 @@ def test_too_many_workers_for_the_cores() -> None:
     assert f is not None
     assert f.evidence["worker_budget"] == 3
     assert "num_workers=3" in f.fix
+
+
+def test_the_hosts_workers_are_the_ranks_own_counts_summed() -> None:
+    # This rank runs 4 workers, the host's other rank 1 (summed: 5), on 4 cores: 4 x 2 processes would say 8.
+    host = HostFacts(cpu_count=4, processes_on_host=2, workers_on_host=5)
+    f = diagnose(_simulated([0.7], 0.1, workers=4, host=host)).finding("host_oversubscribed")
+    assert f is not None and f.evidence["workers_on_host"] == 5
+    assert f.summary.startswith("Host oversubscribed: 5 worker processes of 2 training processes on 4 cores")
+    # The same rank beside a host whose other rank runs no workers: 4 on 4 cores is not oversubscribed.
+    fits = replace(host, workers_on_host=4)
+    assert diagnose(_simulated([0.7], 0.1, workers=4, host=fits)).finding("host_oversubscribed") is None
 
 
 def test_the_straggler_rank_is_named() -> None:
