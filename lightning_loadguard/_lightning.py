@@ -80,6 +80,12 @@ class FetchTimingProfiler:
     def inner(self) -> Any:
         return self._inner
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        """The user's profiler's class: ``isinstance(trainer.profiler, SimpleProfiler)`` in the user's code holds
+        during fit as it does without LoadGuard (``isinstance`` consults ``__class__`` where the type differs)."""
+        return type(self._inner)
+
     def start(self, action_name: str) -> None:
         if self._delegate:
             self._inner.start(action_name)
@@ -126,6 +132,14 @@ class FetchTimingProfiler:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # Rebuilt as the proxy it is: pickle's default would take ``__class__``, the user's profiler's class.
+        return _empty_fetch_timing_profiler, (), self.__getstate__()
+
+
+def _empty_fetch_timing_profiler() -> FetchTimingProfiler:
+    return object.__new__(FetchTimingProfiler)
 
 
 _PROXY_SLOTS = frozenset({"_inner", "_on_fetch_start", "_on_fetch_stop", "_on_error", "_delegate", "profile"})

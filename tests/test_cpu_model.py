@@ -190,7 +190,7 @@ def test_a_window_shorter_than_the_minimum_goes_on_rather_than_misread() -> None
     assert use is not None and use.window_s > 0
 
 
-def test_sampler_leaves_a_mocked_monotonic_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpu_and_host_meters_leave_a_mocked_monotonic_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tools and tests drive simulated time by counting `time.monotonic()` calls (Lightning's time-gated
     # validation tests do); LoadGuard's own reads must not advance such a clock.
     calls: list[float] = []
@@ -199,8 +199,11 @@ def test_sampler_leaves_a_mocked_monotonic_clock_alone(monkeypatch: pytest.Monke
         calls.append(0.0)
         return float(len(calls))
 
+    from lightning_loadguard.meters.host import host_facts
+
     sampler = CpuSampler()
     monkeypatch.setattr(time, "monotonic", counting_clock)
     sampler.sample(min_window_s=0.0)
     sampler.sample(min_window_s=0.0)
+    host_facts(max_age_s=0.0)
     assert calls == []

@@ -334,3 +334,29 @@ def test_a_loggers_own_failure_reaches_the_user(tmp_path: Any) -> None:
     with pytest.raises(AssertionError, match="unexpected metric"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(TimedModule(), loader_of(DataLoader, 0)())
+
+
+class _OwnProfiler(pl.profilers.SimpleProfiler):
+    """A user's profiler subclass."""
+
+
+@pytest.mark.parametrize(
+    ("profiler", "kinds"),
+    [
+        (None, (pl.profilers.PassThroughProfiler, pl.profilers.Profiler)),
+        (_OwnProfiler(), (_OwnProfiler, pl.profilers.SimpleProfiler, pl.profilers.Profiler)),
+    ],
+)
+def test_the_users_callbacks_see_their_own_profiler_during_fit(profiler: Any, kinds: tuple[type, ...]) -> None:
+    seen: list[tuple[bool, ...]] = []
+
+    class Checks(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            seen.append(tuple(isinstance(trainer.profiler, kind) for kind in kinds))
+
+    guard = LoadGuard(print_summary=False)
+    trainer = quiet_trainer(max_steps=6, callbacks=[Checks(), guard], profiler=profiler)
+    trainer.fit(TimedModule(record=False), DataLoader(TimedDataset(24), batch_size=4))
+    assert len(seen) == 6 and all(all(row) for row in seen), seen
+    # LoadGuard was timing the fetches through its wrapper meanwhile.
+    assert guard.metrics["loadguard/data_wait_ms"] > 0

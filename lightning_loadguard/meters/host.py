@@ -18,6 +18,9 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_loadguard.meters.cpu import cgroup_cpu_limit, cores_within, whole_cores
 from lightning_loadguard.meters.window import HostFacts
 
+# Bound once (as in meters/cpu.py): a test or tool that mocks `time.monotonic` to drive its own simulated clock
+# must not see LoadGuard's reads advance it.
+_monotonic = time.monotonic
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
     """Free bytes of the shared-memory mount that worker processes hand batches through."""
@@ -40,7 +43,7 @@ _memory_read: list[Any] = []  # [when read, available RAM bytes, free /dev/shm b
 
 
 def _usable_cpu_count() -> int:
-    now = time.monotonic()
+    now = _monotonic()
     if not _quota_read or now - _quota_read[0] >= QUOTA_REREAD_S:
         _quota_read[:] = [now, cgroup_cpu_limit()]
     return whole_cores(cores_within(_quota_read[1]))
@@ -49,7 +52,7 @@ def _usable_cpu_count() -> int:
 def host_facts(processes_on_host: int = 1, max_age_s: float = 0.0) -> HostFacts:
     """This host's cores (the quota re-read every ``QUOTA_REREAD_S``), available RAM and free /dev/shm (read
     anew unless a reading under ``max_age_s`` old exists)."""
-    now = time.monotonic()
+    now = _monotonic()
     if not _memory_read or now - _memory_read[0] >= max_age_s:
         _memory_read[:] = [now, int(psutil.virtual_memory().available), shm_free_bytes()]
     return HostFacts(
