@@ -54,12 +54,27 @@ def main(out_dir: str) -> None:
         log_every_n_steps=10,
         logger=TensorBoardLogger(out_dir, name="run"),
     )
+    # The collectives LoadGuard's logging steps cost: one all_gather each.
+    calls = {"publish": 0, "all_gather": 0}
+
+    def counted(owner: object, name: str) -> None:
+        original = getattr(owner, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            calls["publish" if name == "_publish" else name] += 1
+            return original(*args, **kwargs)
+
+        setattr(owner, name, call)
+
+    counted(guard, "_publish")
+    counted(trainer.strategy, "all_gather")
     trainer.fit(TimedModule(step_s=0.01, features=FEATURES), loader)
     snapshot = guard.snapshot
     assert snapshot is not None and guard.diagnosis is not None
     result = {
         "metrics": guard.metrics,
         "summary": guard.summary(),
+        "calls": calls,
         "processes_on_host": snapshot.host.processes_on_host,
         "workers_on_host": snapshot.host.workers_on_host,
         "inflight_host_bytes": snapshot.inflight_host_bytes,

@@ -84,6 +84,8 @@ def test_each_rank_reports_its_own_host_summed_from_every_ranks_loader(
         # The busiest host, named apart, alike on every rank.
         assert metrics["loadguard/hosts"] == 2
         assert metrics["loadguard/inflight_host_mb_max"] == pytest.approx(8 * batch_bytes / 1e6), rank
+        # One collective per logging step: every rank's figures in one row each.
+        assert result["calls"]["all_gather"] == result["calls"]["publish"] >= 2, result["calls"]
         assert re.search(rf"host: loader workers\W+{host['workers']}\b", result["summary"]), result["summary"]
         assert re.search(rf"host: prefetch capacity\W+{host['capacity']} batches", result["summary"])
     # What rank 0 logged (its own host), read back from the event files; the dashboard charts it.
