@@ -444,6 +444,17 @@ def silence_not_resumable_warning() -> Callable[[], None]:
     return restore
 
 
+def _continues_counted_epoch(trainer: Any, processed: int) -> bool:
+    """Whether a fit restored with ``processed`` epochs counted goes on inside the last one.
+
+    Lightning 2.5-2.6 (``_FitLoop.restarting``, ``_FitLoop.done``; checked on 2.6.6): a fit with ``max_steps``
+    restarts the epoch loop from the restored batch counters even when the epoch is counted as processed; without
+    ``max_steps`` it starts a new epoch, and a reached ``max_epochs`` ends the fit before any batch.
+    """
+    max_epochs = trainer.max_epochs
+    return trainer.max_steps != -1 and (max_epochs is None or max_epochs == -1 or processed < max_epochs)
+
+
 def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
     """Edit the fit loop's progress in the checkpoint being restored so that it agrees with the loader
     position ``(epoch, batches)`` the datamodule stored (the consumer's own count).
@@ -460,8 +471,10 @@ def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
     with a larger ``max_steps`` continues inside the epoch by itself).
 
     Raises:
-        PositionMismatchError: the checkpoint's batch count inside the epoch is not the position's, or its
-            loop progress is not where Lightning 2.4-2.6 keep it.
+        PositionMismatchError: the checkpoint's batch count inside the epoch is not the position's; the position
+            is inside an epoch the checkpoint's loop counts as finished and this fit would not continue it (no
+            larger ``max_steps``, or ``max_epochs`` reached); or its loop progress is not where Lightning 2.4-2.6
+            keep it.
     """
     pending = loaded_checkpoint(trainer)
     if not pending or "loops" not in pending:
@@ -480,8 +493,36 @@ def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
                 f"loader position {batches}: they were not written by the same step, so where the epoch "
                 "continues is unknown"
             )
+        if batches > 0 and processed > epoch and not _continues_counted_epoch(trainer, processed):
+            raise PositionMismatchError(
+                f"the checkpoint's loader position is {batches} batches into epoch {epoch}, but its loop counts "
+                f"that epoch as finished (the fit that wrote it stopped mid-epoch, for example at max_steps), "
+                f"and this fit (max_steps={trainer.max_steps}, max_epochs={trainer.max_epochs}) does not continue "
+                f"it: the trainer starts a new epoch or stops, and the rest of epoch {epoch} would never be "
+                f"trained. Resume with a larger max_steps (and max_epochs=-1 or above {processed}) to finish it, "
+                "or from a checkpoint written at an epoch's end"
+            )
         inside = batches > 0 and epoch == processed
         on_last = batches == 0 and epoch == processed + 1 and saved_in_batch_end and batch_progress["is_last_batch"]
+        now = epochs["current"]
+        ended = (
+            batches == 0
+            and not saved_in_batch_end
+            and int(in_batch["processed"]) > 0
+            and int(now["ready"]) == int(now["started"]) == processed == epoch
+            and int(now["completed"]) in (epoch - 1, epoch)
+        )
+        if ended:
+            # Saved at the end of the epoch before the loader's (ModelCheckpoint in on_train_epoch_end, or
+            # trainer.save_checkpoint after a fit that max_epochs ended): the batch counters still hold that
+            # epoch's. A fit with max_steps restarts the epoch loop from them and trains "batch N" of the next
+            # epoch (Lightning 2.5-2.6, checked on 2.6.6); an uninterrupted process starts it at batch 0.
+            for part in ("current", "total"):
+                epochs[part]["completed"] = epochs[part]["processed"]
+            for name in _PROGRESS_FIELDS:
+                in_batch[name] = 0
+            batch_progress["is_last_batch"] = False
+            return
         for part in ("current", "total"):
             counts = epochs[part]
             if counts["processed"] > counts["started"]:

@@ -203,15 +203,20 @@ class ResumableLoaderMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A subclass's own definitions shadow the mixin's, so they are wrapped where they are defined.
-        for name, wrap in (
-            ("train_dataloader", _wrap_train_dataloader),
-            ("state_dict", _wrap_state_dict),
-            ("load_state_dict", _wrap_load_state_dict),
-        ):
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "_loadguard_wrapped", False):
+        # What the class resolves each name to is wrapped: its own definition, one inherited from a base listed
+        # before the mixin (LightningDataModule's state_dict when the mixin comes after it), or an already
+        # wrapped one (left as is). An override calling super() reaches a wrapped base method too: the
+        # wrappers act once per outermost call (_Once), so the position is applied exactly once.
+        for name, wrap in _WRAPPERS.items():
+            fn = getattr(cls, name, None)
+            if callable(fn) and not getattr(fn, "_loadguard_wrapped", False):
                 setattr(cls, name, wrap(fn))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # LightningDataModule.from_datasets sets train_dataloader on the instance: wrapped like a method.
+        if name in _WRAPPERS and callable(value) and not getattr(value, "_loadguard_wrapped", False):
+            value = _bind_wrapper(self, name, value)
+        super().__setattr__(name, value)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = dict(super().state_dict())  # type: ignore[misc]
@@ -219,6 +224,9 @@ class ResumableLoaderMixin:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(self._loadguard_take_state(state_dict))  # type: ignore[misc]
+
+    state_dict._loadguard_wrapped = True  # type: ignore[attr-defined]
+    load_state_dict._loadguard_wrapped = True  # type: ignore[attr-defined]
 
     @property
     def loader_position(self) -> LoaderPosition | None:
@@ -571,6 +579,26 @@ class ResumableLoaderMixin:
             remove_callback(trainer, hooks)
 
 
+class _Once:
+    """Counts nested calls of one wrapped hook on one datamodule: only the outermost call adds the mixin's work.
+
+    An override that returns ``super().train_dataloader()`` runs two wrapped functions; the inner one returns
+    the user's loader untouched and the outer one positions whatever the override finally returns.
+    """
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.depths: dict[str, int] = owner.__dict__.setdefault("_loadguard_depths", {})
+        self.name = name
+
+    def __enter__(self) -> bool:
+        depth = self.depths.get(self.name, 0)
+        self.depths[self.name] = depth + 1
+        return depth == 0
+
+    def __exit__(self, *exc: object) -> None:
+        self.depths[self.name] -= 1
+
+
 def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn._loadguard_wrapped = True  # type: ignore[attr-defined]
     return fn
@@ -578,23 +606,46 @@ def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_train_dataloader(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
-    def train_dataloader(self: ResumableLoaderMixin) -> Any:
-        return self._loadguard_adapt(fn(self))
+    def train_dataloader(self: ResumableLoaderMixin, *args: Any, **kwargs: Any) -> Any:
+        with _Once(self, "train_dataloader") as outermost:
+            loader = fn(self, *args, **kwargs)
+        return self._loadguard_adapt(loader) if outermost else loader
 
     return _mark(train_dataloader)
 
 
 def _wrap_state_dict(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     @functools.wraps(fn)
-    def state_dict(self: ResumableLoaderMixin) -> dict[str, Any]:
-        return self._loadguard_add_state(dict(fn(self)))
+    def state_dict(self: ResumableLoaderMixin, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        with _Once(self, "state_dict") as outermost:
+            state = fn(self, *args, **kwargs)
+        return self._loadguard_add_state(dict(state)) if outermost else state
 
     return _mark(state_dict)
 
 
 def _wrap_load_state_dict(fn: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(fn)
-    def load_state_dict(self: ResumableLoaderMixin, state_dict: dict[str, Any]) -> None:
-        fn(self, self._loadguard_take_state(state_dict))
+    def load_state_dict(self: ResumableLoaderMixin, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        with _Once(self, "load_state_dict") as outermost:
+            fn(self, self._loadguard_take_state(state_dict) if outermost else state_dict, *args, **kwargs)
 
     return _mark(load_state_dict)
+
+
+_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "train_dataloader": _wrap_train_dataloader,
+    "state_dict": _wrap_state_dict,
+    "load_state_dict": _wrap_load_state_dict,
+}
+
+
+def _bind_wrapper(owner: Any, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The wrapper of ``name`` around ``fn``, a function set on the ``owner`` instance (called without self)."""
+    wrapped = _WRAPPERS[name](lambda _self, *args, **kwargs: fn(*args, **kwargs))
+
+    @functools.wraps(fn)
+    def bound(*args: Any, **kwargs: Any) -> Any:
+        return wrapped(owner, *args, **kwargs)
+
+    return _mark(bound)

@@ -9,7 +9,8 @@ exactly what training consumed. The results (per scenario: how each process ende
 concatenated segments' indices per rank, Lightning's "not resumable" warnings) go to ``results.json``.
 
 A scenario: ``{"name": ..., "case": {...resume_harness case...}, "segments": [segment, ...]}`` where a
-segment may set ``max_steps``, and one of
+segment may set ``max_steps`` and ``max_epochs``, add Lightning's own checkpoints (``every_step_checkpoint``:
+``ModelCheckpoint(every_n_train_steps=1)``; ``epoch_end_checkpoint``: ``ModelCheckpoint()``), and one of
 ``"kill": {"kind": "step" | "mcp" | "epoch_end", "at": N}`` (save with ``trainer.save_checkpoint`` at global
 step N / let ``ModelCheckpoint(every_n_train_steps=N)`` save / let ``ModelCheckpoint()`` save at the end of
 epoch N, then die) or ``"save": "after_fit" | "epoch_end"`` (the fit ends by ``max_steps``; the next segment
@@ -31,7 +32,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
-from resume_harness import Data, Recorder
+from resume_harness import Recorder, make_datamodule
 
 NOT_RESUMABLE = "dataloader is not resumable"
 
@@ -65,6 +66,9 @@ class Killer(Recorder):
         self._name(path)
         self._die()
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.kill.get("kind") == "epoch_end" and self.current_epoch == self.kill["at"] + 1:
             self._name(self.trainer.checkpoint_callback.best_model_path)
@@ -82,11 +86,13 @@ def fit_segment(case: dict[str, Any], seg: dict[str, Any], ckpt_in: str | None, 
         callbacks.append(
             ModelCheckpoint(dirpath=ckpt_dir, filename="{step}", every_n_train_steps=kill["at"], save_top_k=-1)
         )
-    if (kill and kill["kind"] == "epoch_end") or save == "epoch_end":
+    if seg.get("every_step_checkpoint"):
+        callbacks.append(ModelCheckpoint(dirpath=f"{ckpt_dir}/steps", filename="{step}", every_n_train_steps=1))
+    if (kill and kill["kind"] == "epoch_end") or save == "epoch_end" or seg.get("epoch_end_checkpoint"):
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=-1))
     devices = case.get("devices", 1)
     trainer = pl.Trainer(
-        max_epochs=case.get("epochs", 2),
+        max_epochs=seg.get("max_epochs", case.get("epochs", 2)),
         max_steps=seg.get("max_steps", case.get("max_steps", -1)),
         accelerator="cpu",
         devices=devices,
@@ -101,7 +107,7 @@ def fit_segment(case: dict[str, Any], seg: dict[str, Any], ckpt_in: str | None, 
         num_sanity_val_steps=0,
     )
     model = Killer(case, kill, name_file, log)
-    trainer.fit(model, datamodule=Data(case), ckpt_path=ckpt_in)
+    trainer.fit(model, datamodule=make_datamodule(case), ckpt_path=ckpt_in)
     if save == "after_fit":
         path = f"{name_file}.after_fit.ckpt"
         trainer.save_checkpoint(path)

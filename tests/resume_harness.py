@@ -54,60 +54,151 @@ class GeneratorLoader(DataLoader):
         yield from super().__iter__()
 
 
-class Data(ResumableLoaderMixin, pl.LightningDataModule):
-    def __init__(self, case: dict[str, Any]) -> None:
-        super().__init__()
+def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
+    """The train loader (or loaders) ``case`` describes; ``trainer`` is needed for a ``DistributedSampler``."""
+    c = case
+    n, b, kind = c["n"], c.get("batch_size", 4), c.get("sampler", "default")
+    workers = c.get("workers", 0)
+    extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
+    if kind == "stateful_iterable":
+        return DataLoader(StatefulStream(n), batch_size=b, **extra)
+    if kind == "stateful_iterable_loader":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
+    if kind == "plain_iterable":
+        return DataLoader(Stream(n), batch_size=b, **extra)
+    ds = Indexed(n)
+    drop_last = c.get("drop_last", False)
+    if kind == "default":
+        return DataLoader(ds, batch_size=b, shuffle=c.get("shuffle", True), drop_last=drop_last, **extra)
+    if kind == "custom":
+        return DataLoader(ds, batch_size=b, sampler=PyShuffle(n), drop_last=drop_last, **extra)
+    if kind == "distributed":
+        sampler = DistributedSampler(
+            ds, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=True, seed=5
+        )
+        return DataLoader(ds, batch_size=b, sampler=sampler, drop_last=drop_last, **extra)
+    if kind == "batch_sampler":
+        return DataLoader(ds, batch_sampler=Alternating(PyShuffle(n), 1, False), **extra)
+    numpy_samplers = {"numpy_global": NumpyGlobalShuffle, "numpy_own": NumpyOwnShuffle, "unseeded": UnseededShuffle}
+    if kind in numpy_samplers:
+        return DataLoader(ds, batch_size=b, sampler=numpy_samplers[kind](n), drop_last=drop_last, **extra)
+    if kind == "stateful_loader":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
+    if kind == "subclass":
+        return GeneratorLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
+    if kind in ("dict", "list", "combined"):
+        # A second task half as long, whose samples are told apart by an offset of 1000 in the record.
+        loaders = [
+            DataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra),
+            DataLoader(Indexed(n // 2), batch_size=b, shuffle=True, **extra),
+        ]
+        if kind == "combined":
+            from lightning.pytorch.utilities import CombinedLoader
+
+            return CombinedLoader(loaders, mode="max_size_cycle")
+        return dict(zip("ab", loaders, strict=True)) if kind == "dict" else loaders
+    raise ValueError(f"unknown sampler kind {kind!r}")
+
+
+class _CaseLoader:
+    """Holds a case and builds its train loader; combined with LightningDataModule and the mixin in any order."""
+
+    case: dict[str, Any]
+    trainer: Any
+
+    def hold(self, case: dict[str, Any]) -> None:
         self.case = case
         if case.get("seed") is not None:
             self.loader_seed = case["seed"]
 
     def train_dataloader(self) -> DataLoader:
-        c = self.case
-        n, b, kind = c["n"], c.get("batch_size", 4), c.get("sampler", "default")
-        workers = c.get("workers", 0)
-        extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
-        if kind == "stateful_iterable":
-            return DataLoader(StatefulStream(n), batch_size=b, **extra)
-        if kind == "stateful_iterable_loader":
-            from torchdata.stateful_dataloader import StatefulDataLoader
+        return build_train_loader(self.case, self.trainer)
 
-            return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
-        if kind == "plain_iterable":
-            return DataLoader(Stream(n), batch_size=b, **extra)
-        ds = Indexed(n)
-        drop_last = c.get("drop_last", False)
-        if kind == "default":
-            return DataLoader(ds, batch_size=b, shuffle=c.get("shuffle", True), drop_last=drop_last, **extra)
-        if kind == "custom":
-            return DataLoader(ds, batch_size=b, sampler=PyShuffle(n), drop_last=drop_last, **extra)
-        if kind == "distributed":
-            sampler = DistributedSampler(
-                ds, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=True, seed=5
-            )
-            return DataLoader(ds, batch_size=b, sampler=sampler, drop_last=drop_last, **extra)
-        if kind == "batch_sampler":
-            return DataLoader(ds, batch_sampler=Alternating(PyShuffle(n), 1, False), **extra)
-        numpy_samplers = {"numpy_global": NumpyGlobalShuffle, "numpy_own": NumpyOwnShuffle, "unseeded": UnseededShuffle}
-        if kind in numpy_samplers:
-            return DataLoader(ds, batch_size=b, sampler=numpy_samplers[kind](n), drop_last=drop_last, **extra)
-        if kind == "stateful_loader":
-            from torchdata.stateful_dataloader import StatefulDataLoader
 
-            return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
-        if kind == "subclass":
-            return GeneratorLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
-        if kind in ("dict", "list", "combined"):
-            # A second task half as long, whose samples are told apart by an offset of 1000 in the record.
-            loaders = [
-                DataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra),
-                DataLoader(Indexed(n // 2), batch_size=b, shuffle=True, **extra),
-            ]
-            if kind == "combined":
-                from lightning.pytorch.utilities import CombinedLoader
+class Data(ResumableLoaderMixin, _CaseLoader, pl.LightningDataModule):
+    def __init__(self, case: dict[str, Any]) -> None:
+        super().__init__()
+        self.hold(case)
 
-                return CombinedLoader(loaders, mode="max_size_cycle")
-            return dict(zip("ab", loaders, strict=True)) if kind == "dict" else loaders
-        raise ValueError(f"unknown sampler kind {kind!r}")
+
+# DataModule shapes: every way a class hierarchy can reach the user's train_dataloader.
+class OverrideCallingSuper(Data):
+    """A subclass whose override returns ``super().train_dataloader()``."""
+
+    def train_dataloader(self) -> DataLoader:
+        return super().train_dataloader()
+
+
+class OverrideCallingSuperTwice(OverrideCallingSuper):
+    """Two levels of overrides, each returning ``super().train_dataloader()``."""
+
+    def train_dataloader(self) -> DataLoader:
+        loader = super().train_dataloader()
+        return loader
+
+
+class OverrideWithoutSuper(Data):
+    """A subclass whose override builds its own loader."""
+
+    def train_dataloader(self) -> DataLoader:
+        return build_train_loader(self.case, self.trainer)
+
+
+class _PlainBase(_CaseLoader, pl.LightningDataModule):
+    """A DataModule without the mixin that defines train_dataloader."""
+
+    def __init__(self, case: dict[str, Any]) -> None:
+        super().__init__()
+        self.hold(case)
+
+
+class MixinAfterBase(_PlainBase, ResumableLoaderMixin):
+    """The mixin listed after a base that defines train_dataloader and, through LightningDataModule, state_dict."""
+
+
+class MixinAfterLightning(pl.LightningDataModule, ResumableLoaderMixin):
+    """The mixin listed after LightningDataModule, with its own train_dataloader."""
+
+    def __init__(self, case: dict[str, Any]) -> None:
+        super().__init__()
+        _CaseLoader.hold(self, case)  # type: ignore[arg-type]
+
+    def train_dataloader(self) -> DataLoader:
+        return _CaseLoader.train_dataloader(self)  # type: ignore[arg-type]
+
+
+class FromDatasets(ResumableLoaderMixin, pl.LightningDataModule):
+    """Built with ``LightningDataModule.from_datasets``, which sets train_dataloader on the instance."""
+
+
+SHAPES = {
+    "plain": Data,
+    "override_super": OverrideCallingSuper,
+    "override_super_twice": OverrideCallingSuperTwice,
+    "override_no_super": OverrideWithoutSuper,
+    "mixin_after_base": MixinAfterBase,
+    "mixin_after_lightning": MixinAfterLightning,
+}
+
+
+def make_datamodule(case: dict[str, Any]) -> pl.LightningDataModule:
+    """The datamodule of ``case['shape']`` (default ``plain``) over the loader ``case`` describes."""
+    shape = case.get("shape", "plain")
+    if shape == "from_datasets":
+        # Lightning's own loader: shuffled, over the dataset given.
+        data = FromDatasets.from_datasets(train_dataset=Indexed(case["n"]), batch_size=case.get("batch_size", 4))
+        if case.get("seed") is not None:
+            data.loader_seed = case["seed"]
+    else:
+        data = SHAPES[shape](case)
+    if case.get("validate"):
+        # Set on the instance, as from_datasets does: every shape gets a two-sample validation set.
+        data.val_dataloader = lambda: DataLoader(Indexed(2), batch_size=2)  # type: ignore[method-assign]
+    return data
 
 
 class ValidatedData(Data):
@@ -208,7 +299,7 @@ def run(
     )
     validate = bool(case.get("validate"))
     model = (ValidatingRecorder if validate else Recorder)(case, ckpt=ckpt_out, log=log)
-    data = (ValidatedData if validate else Data)(case)
+    data = ValidatedData(case) if validate else make_datamodule(case)
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_in)
     return model, data, trainer
 

@@ -24,6 +24,8 @@ def _step(at: int) -> dict[str, Any]:
     return {"kill": {"kind": "step", "at": at}}
 
 
+AFTER_FIT_CHECKPOINTS = {"save": "after_fit", "every_step_checkpoint": True, "epoch_end_checkpoint": True}
+
 SCENARIOS: list[dict[str, Any]] = [
     # Case 1: a crash on an epoch's last batch, then further crashes in the resumed process.
     {"name": "last_batch_then_mid_epoch", "case": BASE, "segments": [_step(5), _step(8), {}]},
@@ -66,6 +68,35 @@ SCENARIOS: list[dict[str, Any]] = [
         "case": dict(BASE, epochs=30),
         "reference": {"max_steps": 18},
         "segments": [{"max_steps": 7, "save": "after_fit"}, {"max_steps": 18, **_step(9)}, {"max_steps": 18}],
+    },
+    # Issue 28: a DataModule hierarchy whose override returns super().train_dataloader(), killed mid-epoch 1 and
+    # mid-epoch 2 (each position was applied twice: samples silently skipped).
+    {
+        "name": "hierarchy_override_calling_super",
+        "case": dict(BASE, shape="override_super"),
+        "segments": [_step(7), _step(12), {}],
+    },
+    # Issue 28: max_steps ends the fit inside epoch 1 (batch 6 of 14), with max_epochs=-1, Lightning's step and
+    # epoch-end checkpoints, then trainer.save_checkpoint() after fit and a fit with a larger max_steps from it.
+    {
+        "name": "after_fit_with_lightning_checkpoints_hierarchy",
+        "case": {"n": 27, "batch_size": 2, "epochs": -1, "seed": 5, "shape": "override_super"},
+        "reference": {"max_steps": 36},
+        "segments": [dict(AFTER_FIT_CHECKPOINTS, max_steps=20), dict(AFTER_FIT_CHECKPOINTS, max_steps=36, save=None)],
+    },
+    {
+        "name": "after_fit_with_lightning_checkpoints",
+        "case": {"n": 27, "batch_size": 2, "epochs": -1, "seed": 5},
+        "reference": {"max_steps": 36},
+        "segments": [dict(AFTER_FIT_CHECKPOINTS, max_steps=20), dict(AFTER_FIT_CHECKPOINTS, max_steps=36, save=None)],
+    },
+    # A fit that max_epochs ended, saved after fit, continued with max_steps (Lightning restarts the epoch loop
+    # from the finished epoch's batch counters: refused before, as the trainer's batch index was past the end).
+    {
+        "name": "after_fit_at_max_epochs_then_max_steps",
+        "case": dict(BASE, epochs=-1),
+        "reference": {"max_steps": 13},
+        "segments": [{"max_epochs": 1, "max_steps": -1, "save": "after_fit"}, {"max_steps": 13}],
     },
     # Case 3: samplers drawing from numpy.
     {"name": "numpy_global_sampler", "case": dict(BASE, sampler="numpy_global"), "segments": [_step(7), {}]},

@@ -13,12 +13,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from resume_harness import Data, Indexed, Recorder
+from resume_shapes import quiet_trainer
 from torch.utils.data import DataLoader
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -64,15 +64,7 @@ class Crasher(Recorder):
 
 
 def _fit(case: dict[str, Any], loop: dict[str, Any], model: Recorder, ckpt: str | None) -> None:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        **loop,
-    )
+    trainer = quiet_trainer(**loop)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model, datamodule=ValData(case), ckpt_path=ckpt)
