@@ -11,12 +11,47 @@ that measured fastest.
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
-from lightning.pytorch import Trainer
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard import LoadGuard, TuneOptions
-from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+
+class SlowReads(Dataset):
+    """Samples that each take ``read_s`` to read, asleep like file reads."""
+
+    def __init__(self, length: int, read_s: float) -> None:
+        self.length, self.read_s = length, read_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor]:
+        time.sleep(self.read_s)
+        return index, torch.randn(16)
+
+
+class Model(LightningModule):
+    """A tiny regression whose step takes ``step_s``; records the samples it trains on."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 1)
+        self.step_s = step_s
+        self.seen: list[int] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        index, x = batch
+        self.seen.extend(int(i) for i in index)
+        time.sleep(self.step_s)
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def main() -> None:
@@ -26,8 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 
-    dataset = TimedDataset(args.batches * 8, sample_s=0.045 / 8)  # 45 ms a batch, asleep like file reads
-    module = TimedModule(step_s=0.030, features=dataset.features)  # records the samples it trains on
+    dataset = SlowReads(args.batches * 8, read_s=0.045 / 8)  # 45 ms a batch of 8
+    module = Model(step_s=0.030)
     guard = LoadGuard(window=30, auto_tune=TuneOptions(probe_share=0.5, max_workers=4))
     trainer = Trainer(
         max_epochs=args.epochs,
@@ -38,7 +73,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, timed_loader(dataset, batch_size=8, shuffle=True))
+    trainer.fit(module, DataLoader(dataset, batch_size=8, shuffle=True))
 
     decision = guard.decision
     if decision is None:

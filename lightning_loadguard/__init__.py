@@ -49,14 +49,12 @@ _ADAPTERS = {"LoadGuard": "lightning_loadguard.callback", "ResumableLoaderMixin"
 
 _MEASUREMENT = "the type of LoadGuard.snapshot's raw measurements is internal and changes with the meters"
 # Exported here in 0.1.0.
-_moved = moved_names(
-    __name__,
-    {
-        "HostFacts": ("lightning_loadguard.meters.window:HostFacts", _MEASUREMENT),
-        "LoaderSettings": ("lightning_loadguard.meters.window:LoaderSettings", _MEASUREMENT),
-        "WindowSnapshot": ("lightning_loadguard.meters.window:WindowSnapshot", _MEASUREMENT),
-    },
-)
+_MOVED = {
+    "HostFacts": ("lightning_loadguard.meters.window:HostFacts", _MEASUREMENT),
+    "LoaderSettings": ("lightning_loadguard.meters.settings:LoaderSettings", _MEASUREMENT),
+    "WindowSnapshot": ("lightning_loadguard.meters.window:WindowSnapshot", _MEASUREMENT),
+}
+_moved = moved_names(__name__, _MOVED)
 
 
 def __getattr__(name: str) -> Any:

@@ -63,3 +63,73 @@ def test_architecture_names_what_exists() -> None:
     assert "FetchTimingProfiler" in names and "train_iterator" in names
     for name in names:
         assert hasattr(_lightning, name), f"architecture.md lists _lightning.{name}, which does not exist"
+
+
+README = DOCS.parent / "README.md"
+
+
+def _code_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def test_the_readmes_metric_table_names_logged_metrics_and_points_to_the_rest() -> None:
+    """README's table holds metric names that exist; every other metric is named by a pattern README gives."""
+    from fnmatch import fnmatch
+
+    text = README.read_text()
+    rows = re.findall(r"^\| (`loadguard/[^|]+) \|", text, flags=re.M)
+    in_table = {name for row in rows for name in re.findall(r"`(loadguard/\w+)`", row)}
+    assert in_table and in_table <= set(METRICS), in_table - set(METRICS)
+    patterns = set(re.findall(r"`(loadguard/[\w*]*\*[\w*]*)`", text))
+    missing = [name for name in METRICS if name not in in_table and not any(fnmatch(name, p) for p in patterns)]
+    assert missing == [], f"README neither lists nor names by a pattern: {missing}"
+
+
+def _extras_with(package: str) -> set[str]:
+    import tomllib
+
+    extras = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return {name for name, needs in extras.items() if any(re.match(rf"{package}\b", need) for need in needs)}
+
+
+# A documented command's option -> the package it needs beyond the base install.
+_NEEDS = {"--plot": "matplotlib"}
+
+
+@pytest.mark.parametrize("page", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_a_documented_command_names_the_extra_it_needs(page: Path) -> None:
+    """A page whose commands use an option that needs an extra installs that extra or names it."""
+    text = page.read_text()
+    commands = "\n".join(_code_blocks(text))
+    for option, package in _NEEDS.items():
+        if re.search(rf"\bloadguard\b.*{option}\b", commands):
+            extras = _extras_with(package)
+            installs = re.findall(r"pip install [^\n]*\[([\w,]+)\]", text)
+            named = any(re.search(rf"`{extra}` extra|\[{extra}\]", text) for extra in extras)
+            assert named or any(set(group.split(",")) & extras for group in installs), (
+                f"{page.name} runs `{option}`, which needs {package}: install or name one of the extras {extras}"
+            )
+
+
+def test_docs_name_no_internal_type_as_a_public_one() -> None:
+    """The types that left the root namespace are internal: of the user's pages only api.md names them, to say
+    so (architecture.md describes the internals)."""
+    import lightning_loadguard
+
+    for page in [README, *DOCS.glob("*.md")]:
+        if page.name in ("api.md", "architecture.md"):
+            continue
+        for name in lightning_loadguard._MOVED:
+            assert f"`{name}`" not in page.read_text(), f"{page.name} names the internal type {name}"
+
+
+def test_examples_use_only_the_stable_api() -> None:
+    """The examples import from the package's root only, and only the names it exports."""
+    import lightning_loadguard
+
+    for example in sorted((DOCS.parent / "examples").glob("*.py")):
+        text = example.read_text()
+        assert not re.search(r"(?:from|import) lightning_loadguard\.", text), f"{example.name} imports a submodule"
+        for names in re.findall(r"from lightning_loadguard import ([^\n]+)", text):
+            for name in re.split(r",\s*", names.strip("() ")):
+                assert name in lightning_loadguard.__all__, f"{example.name} imports {name}, not a public name"
