@@ -33,6 +33,9 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
     for rank, result in enumerate(ranks):
         seen = result["seen"]
         assert seen == _expected(rank, 0) + _expected(rank, 1)
+        # One all_gather per logging step and one per tuning window: each rank's figures travel as one row.
+        calls = result["calls"]
+        assert calls["windows"] >= 2 and calls["all_gather"] == calls["logging_steps"] + calls["windows"], calls
 
 
 @pytest.mark.parametrize(("fault", "step"), [("window", "measuring the window"), ("record", "planning the next probe")])

@@ -61,10 +61,31 @@ def main(out: str, fault: str | None = None) -> None:
     )
     module = TimedModule(step_s=0.004)
     trainer = quiet_trainer(max_epochs=2, callbacks=[guard], devices=2, strategy="ddp")
+    calls = _count_gathers(guard, trainer)
     trainer.fit(module, loader)
     decision = guard.decision.to_dict() if guard.decision else None
     with open(f"{out}.rank{trainer.global_rank}", "w") as f:
-        json.dump({"seen": module.seen, "decision": decision, "workers": trainer.train_dataloader.num_workers}, f)
+        workers = trainer.train_dataloader.num_workers
+        json.dump({"seen": module.seen, "decision": decision, "workers": workers, "calls": calls}, f)
+
+
+def _count_gathers(guard: LoadGuard, trainer: Any) -> dict[str, int]:
+    """Counts of the strategy's all_gathers, LoadGuard's logging steps and the tuner's windows on this rank."""
+    calls = {"all_gather": 0, "logging_steps": 0, "windows": 0}
+    assert guard._tuner is not None
+    for owner, name, key in (
+        (trainer.strategy, "all_gather", "all_gather"),
+        (guard, "_publish", "logging_steps"),
+        (guard._tuner.session, "_gathered_window", "windows"),
+    ):
+        original = getattr(owner, name)
+
+        def counted(*args: Any, _original: Any = original, _key: str = key, **kwargs: Any) -> Any:
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+
+        setattr(owner, name, counted)
+    return calls
 
 
 if __name__ == "__main__":
