@@ -76,6 +76,9 @@ FACTS_TAG = "loadguard/forecast_facts"
 """The text tag LoadGuard logs a run's :class:`ForecastFacts` under at the end of fit (``loadguard report --what-if``
 reads them back)."""
 
+SLOWDOWN_TOLERANCE = 1e-4
+"""The fair-share slow-down is found to this relative precision: far below what any measured figure resolves."""
+
 _MAX_STRETCH = 1e4
 
 
@@ -605,7 +608,7 @@ def _outcome(case: _Case) -> _Outcome:
         low, high = 1.0, 2.0
         while gap(high) < 0 and high < _MAX_STRETCH:
             low, high = high, high * 2
-        for _ in range(40):
+        while high - low > SLOWDOWN_TOLERANCE * low:
             middle = (low + high) / 2
             if gap(middle) < 0:
                 low = middle
