@@ -251,3 +251,16 @@ def test_queued_memory_is_the_full_queues_when_the_step_paces_and_none_when_the_
     # A 10 ms step against 16 ms batches: every fetch waits for a batch not yet made.
     assert paced_by_worker.queued_bytes is not None and paced_by_worker.queued_bytes.value == pytest.approx(0.0)
     assert paced_by_worker.inflight_bytes is not None and paced_by_worker.inflight_bytes.value == 2 * 1e6
+
+
+def test_the_hosts_own_sums_scale_with_the_ranks_where_the_settings_are_kept() -> None:
+    # Measured on 2 ranks of one host: 2 workers x prefetch 3 and 1 x prefetch 2: 3 workers, 8 batches of 1 MB.
+    facts = _facts(ranks_per_node=2, num_workers=2, prefetch_factor=3, batch_bytes=10**6, workers_on_host=3,
+                   inflight_host_bytes=8 * 10**6)
+    doubled = forecast(facts, WhatIf(ranks_per_node=4))
+    assert doubled.worker_processes == 6
+    assert doubled.inflight_bytes is not None and doubled.inflight_bytes.value == 16 * 10**6
+    # New settings are every rank's: 4 ranks x 1 worker x prefetch 2.
+    uniform = forecast(facts, WhatIf(ranks_per_node=4, num_workers=1, prefetch_factor=2))
+    assert uniform.worker_processes == 4
+    assert uniform.inflight_bytes is not None and uniform.inflight_bytes.value == 8 * 10**6

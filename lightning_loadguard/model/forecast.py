@@ -106,6 +106,9 @@ class ForecastFacts:
         other_cores: cores other work used on them (other jobs; not this run's ranks).
         other_cores_spread: the standard deviation of ``other_cores`` over the windows measured.
         production_queued_share: the share of the workers' busy time they spent waiting for a core.
+        workers_on_host, inflight_host_bytes: loader workers and in-flight batch bytes summed over the host's ranks,
+            each rank's own (``None``: not summed); a forecast that keeps the loader settings scales these, so ranks
+            with settings of their own count as they ran.
         available_ram_bytes, shm_free_bytes: the host's memory while measured.
         throughput, wait_fraction: what the loop achieved while measured (steps/s per rank, 0..1).
     """
@@ -127,6 +130,8 @@ class ForecastFacts:
     other_cores: float = 0.0
     other_cores_spread: float = 0.0
     production_queued_share: float = 0.0
+    workers_on_host: int | None = None
+    inflight_host_bytes: int | None = None
     available_ram_bytes: int | None = None
     shm_free_bytes: int | None = None
     throughput: float | None = None
@@ -533,6 +538,8 @@ def facts_from_window(
         other_cores=other_now or 0.0,
         other_cores_spread=spread,
         production_queued_share=queued_share,
+        workers_on_host=host.workers_on_host,
+        inflight_host_bytes=snapshot.inflight_host_bytes,
         available_ram_bytes=host.available_ram_bytes,
         shm_free_bytes=host.shm_free_bytes,
         throughput=snapshot.throughput,
@@ -733,6 +740,11 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
         advice = cap.recommend_prefetch(central.production_s, central.step_s, num_workers=needed)
         prefetch_needed = advice.prefetch_factor if advice is not None else None
 
+    # With the loader's settings kept, the host's own sums scale with the ranks (ranks may differ in their settings).
+    same_loader = what_if.num_workers is None and what_if.prefetch_factor is None and what_if.pin_memory is None
+    worker_processes = settings.num_workers * ranks
+    if same_loader and facts.workers_on_host is not None:
+        worker_processes = round(facts.workers_on_host * ranks / facts.ranks_per_node)
     rate = main.throughput
     worker_cores = ranks * rate * batch_cpu * b if settings.num_workers > 0 else 0.0
     loop_cores = ranks * rate * (step_cpu / k * b + (0.0 if settings.num_workers > 0 else batch_cpu * b))
@@ -747,6 +759,8 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     if facts.batch_bytes:
         batch_bytes = round(facts.batch_bytes * b)
         nbytes = hb.host_inflight_bytes(batch_bytes, settings.batches_in_flight, ranks)
+        if same_loader and facts.inflight_host_bytes is not None:
+            nbytes = round(facts.inflight_host_bytes * b * ranks / facts.ranks_per_node)
         inflight = Estimate(float(nbytes), float(nbytes), float(nbytes))
         levels = [c.queued * batch_bytes * ranks for c in corners]
         queued = Estimate(levels[0], min(levels), max(levels))
@@ -775,7 +789,7 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
         limited_by=limited,
         workers_needed=needed,
         prefetch_needed=prefetch_needed,
-        worker_processes=settings.num_workers * ranks,
+        worker_processes=worker_processes,
         worker_cores=worker_cores,
         loop_cores=loop_cores,
         inflight_bytes=inflight,
