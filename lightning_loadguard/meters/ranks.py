@@ -241,7 +241,7 @@ def figures_by_name(rows: Sequence[Sequence[float]]) -> dict[str, list[float]]:
     """Every rank's figures by name (index = global rank), from the gathered rows (:func:`figure_row`)."""
     if any(len(row) != len(FIELDS) for row in rows):
         raise ValueError(f"a rank's row holds {sorted({len(r) for r in rows})} figures, not {len(FIELDS)}")
-    return {name: [float(row[i]) for row in rows] for i, name in enumerate(FIELDS)}
+    return dict(zip(FIELDS, map(list, zip(*rows, strict=True)), strict=True))
 
 
 def rank_rows(values: dict[str, float]) -> dict[str, list[float]]:
