@@ -341,6 +341,9 @@ def test_a_host_sum_with_a_part_unmeasured_is_left_out() -> None:
             {"host_key": 5.0, "workers": 1.0, "prefetch_capacity": 2.0}]
     metrics = summarise(_gathered(rows), this_rank=1).metrics
     assert metrics["loadguard/host_workers"] == 3 and "loadguard/inflight_host_mb" not in metrics
+    # A rank whose host is not known (its figures failed) speaks of no host.
+    unknown = summarise(_gathered([{"workers": 2.0}, rows[1]]), this_rank=0).metrics
+    assert not any(name.startswith(("loadguard/host_", "loadguard/inflight_")) for name in unknown)
 
 
 def test_a_ranks_figures_count_its_loaders_as_they_run() -> None:

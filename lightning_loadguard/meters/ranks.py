@@ -380,8 +380,9 @@ def summarise(ranks: dict[str, list[float]], this_rank: int = 0) -> RankSummary:
         metrics["loadguard/gpu_util"] = math.fsum(gpu) / len(gpu)
     hosts = host_figures(ranks)
     keys = ranks["host_key"]
-    own = hosts.get(keys[min(this_rank, len(keys) - 1)], HostFigures(processes=1))
-    for metric, attribute in HOST_METRICS.items():
+    own_key = keys[min(this_rank, len(keys) - 1)]
+    own = hosts.get(own_key, HostFigures(processes=1))
+    for metric, attribute in HOST_METRICS.items() if own_key in hosts else ():
         value = getattr(own, attribute)
         if value is not None:
             metrics[metric] = value / 1e6 if metric.endswith("_mb") and attribute.endswith("_bytes") else value
