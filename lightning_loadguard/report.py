@@ -7,10 +7,11 @@ import math
 import textwrap
 from collections.abc import Sequence
 
-from lightning_loadguard.meters.window import LoaderSettings
+from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.model.findings import Diagnosis
 
-_PREFIX = "loadguard/"
+METRIC_PREFIX = "loadguard/"
+"""What every metric LoadGuard logs starts with."""
 
 
 def render_table(
@@ -140,7 +141,7 @@ def metric_unit(name: str) -> str:
         >>> metric_unit("loadguard/host_workers"), metric_unit("loadguard/inflight_host_mb_max")
         ('workers', 'MB')
     """
-    short = name.removeprefix(_PREFIX).removesuffix("_max")  # the most of any host: the figure's unit
+    short = name.removeprefix(METRIC_PREFIX).removesuffix("_max")  # the most of any host: the figure's unit
     if short.endswith("_ms"):
         return "ms"
     if short.endswith("_mb"):

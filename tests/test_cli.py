@@ -58,7 +58,10 @@ def test_demo_auto_tune_fixes_the_deficit(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert rc == 0
     assert "auto-tuning on" in out
-    assert "decision: workers=1" in out and "(improved)" in out
+    # One worker keeps up on a quiet host; a busy one lengthens the loading, and the tuner sizes for what it
+    # measured: some workers, and a measured improvement.
+    decided = re.search(r"decision: workers=(\d+) .*\(improved\)", out)
+    assert decided is not None and int(decided.group(1)) >= 1, out
     run = read_runs(tmp_path)[-1]
     wait = run.scalars["loadguard/wait_fraction"]
     assert wait.values[0] > 0.3

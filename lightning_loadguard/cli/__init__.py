@@ -23,7 +23,8 @@ from pathlib import Path
 
 from lightning_loadguard._moved import moved_names
 
-_DEMO_LOGDIR = "loadguard_demo_logs"  # the same as _demo.DEMO_LOGDIR, without importing Lightning for --help
+DEMO_LOGDIR = "loadguard_demo_logs"
+"""Where ``loadguard demo`` writes its TensorBoard logs by default (here, so that ``--help`` needs no Lightning)."""
 
 
 class CommandError(Exception):
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--auto-tune", action="store_true", help="let LoadGuard fix the loader while it trains")
     demo.add_argument(
-        "--logdir", default=_DEMO_LOGDIR, help=f"where to write TensorBoard logs (default: ./{_DEMO_LOGDIR})"
+        "--logdir", default=DEMO_LOGDIR, help=f"where to write TensorBoard logs (default: ./{DEMO_LOGDIR})"
     )
     demo.add_argument("--epochs", type=_positive, default=3, help="epochs to train (default: 3)")
     demo.add_argument("--batches", type=_positive, default=100, help="batches per epoch (default: 100)")

@@ -17,7 +17,6 @@ from lightning_loadguard.dashboard import METRICS
 from lightning_loadguard.report import format_diagnosis, format_number, metric_unit, plain_text, render_table
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 
-DEMO_LOGDIR = "loadguard_demo_logs"
 """Where ``loadguard demo`` writes its TensorBoard logs unless ``--logdir`` says otherwise."""
 
 DEMO_LOAD_MS = 30.0

@@ -6,7 +6,8 @@ import itertools
 from pathlib import Path
 
 from lightning_loadguard.cli import CommandError
-from lightning_loadguard.cli._runs import PREFIX, RunLog
+from lightning_loadguard.cli._runs import RunLog
+from lightning_loadguard.report import METRIC_PREFIX
 
 RATES = ("loadguard/producer_rate", "loadguard/consumer_rate", "loadguard/throughput")
 FRACTIONS = ("loadguard/wait_fraction", "loadguard/ready_fraction")
@@ -58,7 +59,7 @@ def plot_run(run: RunLog, out: str | Path) -> Path:
         for tag in tags:
             if tag in run.scalars:
                 s = run.scalars[tag]
-                axes.plot(s.steps, s.values, marker=".", label=tag.removeprefix(PREFIX))
+                axes.plot(s.steps, s.values, marker=".", label=tag.removeprefix(METRIC_PREFIX))
         for step, label in switches(run):
             axes.axvline(step, color="grey", linestyle="--", linewidth=1)
             if axes is rates:

@@ -11,9 +11,8 @@ from typing import Any
 from lightning_loadguard.cli import CommandError
 from lightning_loadguard.dashboard import METRICS
 from lightning_loadguard.model.forecast import FACTS_TAG, ForecastFacts, WhatIf, forecast
-from lightning_loadguard.report import format_number, metric_unit, render_markdown, render_table
+from lightning_loadguard.report import METRIC_PREFIX, format_number, metric_unit, render_markdown, render_table
 
-PREFIX = "loadguard/"
 DIAGNOSIS_TAG = "loadguard/diagnosis"
 
 
@@ -88,14 +87,14 @@ def read_runs(logdir: str | Path) -> list[RunLog]:
         scalars: dict[str, Series] = {}
         last = 0.0
         for tag in tags.get(ea.SCALARS, []):
-            if not tag.startswith(PREFIX):
+            if not tag.startswith(METRIC_PREFIX):
                 continue
             events = sorted(multiplexer.Scalars(name, tag), key=lambda e: (e.step, e.wall_time))
             scalars[tag] = Series(tag, tuple(e.step for e in events), tuple(float(e.value) for e in events))
             last = max(last, max(e.wall_time for e in events))
         texts: dict[str, tuple[int, str]] = {}
         for tag in tags.get(ea.TENSORS, []):
-            if not tag.startswith(PREFIX):
+            if not tag.startswith(METRIC_PREFIX):
                 continue
             text = _latest_text(multiplexer.Tensors(name, tag))
             if text is not None:

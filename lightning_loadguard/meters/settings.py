@@ -64,11 +64,16 @@ class LoaderSettings:
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The arguments that make a loader run these settings (persistence is applied on its own)."""
-        return {
-            "num_workers": self.num_workers,
-            "prefetch_factor": self.prefetch_factor if self.num_workers > 0 else None,
-            "pin_memory": self.pin_memory,
-        }
+        kwargs = self.fields()
+        del kwargs["persistent_workers"]
+        return kwargs
+
+    def fields(self) -> dict[str, Any]:
+        """The four settings by name, ``prefetch_factor`` ``None`` without workers (where torch ignores it)."""
+        values = self.to_dict()
+        if self.num_workers <= 0:
+            values["prefetch_factor"] = None
+        return values
 
     def same_loader(self, other: LoaderSettings) -> bool:
         """Equal but for ``persistent_workers``, which only matters from the next epoch on."""
@@ -76,12 +81,7 @@ class LoaderSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """The four settings as plain data (the checkpointed form)."""
-        return {
-            "num_workers": self.num_workers,
-            "prefetch_factor": self.prefetch_factor,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers,
-        }
+        return {name: getattr(self, name) for name in SWITCHABLE}
 
 
 def settings_of(loader: Any) -> LoaderSettings:

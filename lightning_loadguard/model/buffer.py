@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning_loadguard.meters.settings import DEFAULT_PREFETCH
+
 
 @dataclass(frozen=True)
 class BufferRun:
@@ -65,7 +67,7 @@ def simulate_buffer(
     step_s: Sequence[float],
     *,
     num_workers: int,
-    prefetch_factor: int = 2,
+    prefetch_factor: int = DEFAULT_PREFETCH,
     steps: int | None = None,
     record_levels: bool = True,
 ) -> BufferRun:

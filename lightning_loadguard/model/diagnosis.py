@@ -46,6 +46,10 @@ STRAGGLER_GAP = 0.05
 """How far (in wait fraction) one rank must wait more than the median rank to be named: every other
 rank loses that time in the gradient all-reduce."""
 
+CORES_NO_GAIN = 0.02
+"""Where the cores carry no more than this share above the throughput measured now, more workers are said to
+gain nothing: within it the two rates are the same figure, measured twice."""
+
 PACED_STEP_SHARE = 0.5
 """Share of steps that waited before the achieved rate is taken as the producer's rate, when the
 producer is not instrumented: a loop that waits on most steps runs at the producer's pace."""
@@ -237,7 +241,7 @@ def _more_workers_certain(facts: _Facts) -> tuple[bool, str]:
         )
     if check.fits:
         return True, ""
-    if check.sustainable_rate <= facts.snap.throughput * 1.02:
+    if check.sustainable_rate <= facts.snap.throughput * (1 + CORES_NO_GAIN):
         return False, (
             f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}; "
             f"the cores carry about {check.sustainable_rate:.3g} steps/s, no more than the "

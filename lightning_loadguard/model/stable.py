@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_loadguard.model.capacity import BURST_MARGIN
+from lightning_loadguard.model.capacity import BURST_MARGIN, WAIT_OK
 from lightning_loadguard.model.findings import Diagnosis
 
 HOLD_WINDOWS = 3
@@ -23,8 +23,8 @@ MARGIN = 0.01
 COUNT_MARGIN = 0.05
 """Relative distance past a rounding line that a new worker count must keep (see :func:`_count_moved`)."""
 
-BASELINE = 0.05
-"""The severity a loss must reach to outrank a healthy (``compute_bound``) loop: ``WAIT_OK``."""
+BASELINE = WAIT_OK
+"""The severity a loss must reach to outrank a healthy (``compute_bound``) loop."""
 
 
 def _advice(diagnosis: Diagnosis) -> tuple[object, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.settings import SWITCHABLE, LoaderSettings
 
 
 @dataclass(frozen=True)
@@ -89,20 +89,15 @@ class TuneDecision:
     @classmethod
     def of(cls, setting: LoaderSettings, **evidence: Any) -> TuneDecision:
         """A decision for ``setting`` (its four fields spread out, as ``guard.decision.num_workers`` reads them)."""
-        return cls(**_fields(setting), **evidence)
+        return cls(**setting.fields(), **evidence)
 
     def with_setting(self, setting: LoaderSettings, **evidence: Any) -> TuneDecision:
         """This decision with ``setting`` (and ``evidence``) in place of its own."""
-        return replace(self, **_fields(setting), **evidence)
+        return replace(self, **setting.fields(), **evidence)
 
     @property
     def setting(self) -> LoaderSettings:
-        return LoaderSettings(
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch_factor,
-            persistent_workers=self.persistent_workers,
-            pin_memory=self.pin_memory,
-        )
+        return LoaderSettings(**{name: getattr(self, name) for name in SWITCHABLE})
 
     @property
     def speedup(self) -> float | None:
@@ -154,10 +149,3 @@ class TuneDecision:
         return cls(**data)
 
 
-def _fields(setting: LoaderSettings) -> dict[str, Any]:
-    return {
-        "num_workers": setting.num_workers,
-        "prefetch_factor": setting.prefetch_factor if setting.num_workers > 0 else None,
-        "persistent_workers": setting.persistent_workers,
-        "pin_memory": setting.pin_memory,
-    }

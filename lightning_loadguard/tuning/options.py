@@ -11,7 +11,7 @@ PROBE_SHARE = 0.2
 """Default share of the probed epochs' steps (epoch 0, or the first few when one is too short) that may run
 under probed (not yet proven) settings."""
 
-MIN_WINDOW = 8
+MIN_PROBE_WINDOW = 8
 """Shortest automatic measurement window, in steps."""
 
 MAX_WINDOW = 24
@@ -48,7 +48,7 @@ class TuneOptions:
         warmup_steps: steps discarded after each switch while new workers start and the buffer settles.
             Integer >= 1.
         window_steps: steps of each measurement window. Integer >= 4, or ``None``: as many as the probe
-            budget holds with the warm-up (at least ``MIN_WINDOW`` and at most ``MAX_WINDOW``), so that one
+            budget holds with the warm-up (at least ``MIN_PROBE_WINDOW`` and at most ``MAX_WINDOW``), so that one
             candidate fits even a short epoch and longer epochs get steadier windows.
         min_gain: a candidate replaces the user's settings only when measured at least this much faster
             (relative), and by more than the windows' own noise, so run-to-run noise never passes for an
@@ -86,7 +86,7 @@ class TuneOptions:
         """
         if self.window_steps is not None:
             return self.window_steps
-        return max(MIN_WINDOW, min(MAX_WINDOW, (budget_steps - self.warmup_steps) * 2 // 3))
+        return max(MIN_PROBE_WINDOW, min(MAX_WINDOW, (budget_steps - self.warmup_steps) * 2 // 3))
 
     probe_share: float = PROBE_SHARE
     memory_share: float = RAM_BUDGET_SHARE
