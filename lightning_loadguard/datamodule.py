@@ -506,6 +506,12 @@ class ResumableLoaderMixin:
             f"{type(loader).__qualname__} keeps its own position (state_dict()/load_state_dict()): "
             "ResumableLoaderMixin leaves resuming to that state, which Lightning saves in every checkpoint",
         )
+        if trainer.ckpt_path and isinstance(getattr(loader, "restore", None), bool):
+            # litdata's StreamingDataLoader sets `restore` when its state is loaded and clears it only when an
+            # epoch's iterator runs to its end, which Lightning never asks of a loader with a length: every
+            # later epoch would then continue the resumed one's position instead of starting afresh.
+            self.__dict__["_loadguard_restoring"] = (loader, trainer.current_epoch)
+            put_callback_first(trainer, self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self)))
         return loader
 
     def _loadguard_cursor_for(self, trainer: Any, loaded: LoaderPosition | None) -> EpochCursor:
@@ -520,6 +526,11 @@ class ResumableLoaderMixin:
         return cursor
 
     def _loadguard_epoch_started(self) -> None:
+        restoring = self.__dict__.get("_loadguard_restoring")
+        trainer = getattr(self, "trainer", None)
+        if restoring is not None and trainer is not None and trainer.current_epoch > restoring[1]:
+            restoring[0].restore = False
+            del self.__dict__["_loadguard_restoring"]
         if (cursor := self.__dict__.get("_loadguard_cursor")) is not None:
             if self.__dict__.pop("_loadguard_unchecked", False):
                 cursor.batches = 0

@@ -26,6 +26,7 @@ from loader_fixtures import (
     Stream,
     UnseededShuffle,
 )
+from loader_libraries import LIBRARIES, build_loader
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_loadguard.datamodule import ResumableLoaderMixin
@@ -66,6 +67,8 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
+    if kind in LIBRARIES:  # a data library's own loader over files the test wrote (loader_libraries)
+        return build_loader(kind, Path(c["root"]), n=n, batch_size=b, shuffle=c.get("shuffle", False), **extra)
     if kind == "plain_iterable":
         return DataLoader(Stream(n), batch_size=b, **extra)
     ds = Indexed(n)
@@ -222,6 +225,8 @@ class Recorder(pl.LightningModule):
         self.stepping_batches: float | None = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if isinstance(batch, list) and len(batch) == 4:  # a clocked batch (loader_libraries): indices, features
+            batch = [batch[0], batch[1][:, :1]]  # the model takes one feature
         if isinstance(batch, dict):  # several loaders: every task's indices, the second one's offset by 1000
             batch = list(batch.values())
         if isinstance(batch, list) and isinstance(batch[0], (list, tuple)):

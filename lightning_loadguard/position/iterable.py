@@ -17,6 +17,34 @@ def is_stateful(dataset: object) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
+def unsaved_order(dataset: object) -> str | None:
+    """What of ``dataset``'s order its own ``state_dict()`` is known to leave out, or ``None``.
+
+    Known case: a Hugging Face ``IterableDataset`` shuffled with a buffer (``.shuffle(buffer_size=...)``) saves
+    where its source stands but not the buffer's content; restored, it refills the buffer from there, so the
+    samples the buffer held are lost and the resumed order differs.
+
+    Example:
+        >>> unsaved_order([1, 2, 3]) is None
+        True
+    """
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    for _ in range(256):
+        if not pending:
+            break
+        node = pending.pop()
+        if node is None:
+            continue
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return (
+                f"its shuffle buffer ({getattr(node, 'buffer_size', '?')} samples) is not part of its state_dict(), "
+                "so a resumed epoch loses the samples the buffer held"
+            )
+        pending.append(getattr(node, "ex_iterable", None))
+        pending.extend(getattr(node, "ex_iterables", None) or ())
+    return None
+
+
 class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
     """Records a stateful iterable dataset's state at every batch boundary as the producer passes it.
 
@@ -117,6 +145,7 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         produced = 0
+        resumed = self._pending is not None
         if self._pending is not None:
             state, produced, left = self._pending
             self.dataset.load_state_dict(copy.deepcopy(state))
@@ -142,3 +171,16 @@ class StatefulIterableTap(IterableDataset):  # type: ignore[type-arg]
         self._record(produced)
         self._final = self._snapshots[produced]
         self._final_batches = produced
+        if resumed and self._pending is None:
+            _forget_starting_state(self.dataset)
+
+
+def _forget_starting_state(dataset: Any) -> None:
+    """After the resumed iteration ran to its end, let the next one start as in a run never interrupted.
+
+    A Hugging Face ``IterableDataset`` keeps the state it loaded as the start of every later iteration of the
+    same ``epoch`` (its ``_starting_state_dict``); under Lightning, which never calls the dataset's
+    ``set_epoch``, every later epoch would replay the resumed one's tail.
+    """
+    if getattr(dataset, "_starting_state_dict", None) is not None:
+        dataset._starting_state_dict = None

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from lightning_loadguard.position.iterable import StatefulIterableTap, is_stateful
+from lightning_loadguard.position.iterable import StatefulIterableTap, is_stateful, unsaved_order
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 from lightning_loadguard.position.state import STATE_VERSION, PositionMismatchError
 
@@ -61,7 +61,8 @@ def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: 
         TypeError: ``loader`` is a ``DataLoader`` subclass (its extra arguments cannot be rebuilt) or an
             iterable dataset without ``state_dict()/load_state_dict()``.
         ValueError: a case whose position cannot be exact: a custom batch sampler or a stateful iterable
-            dataset with ``world_size > 1``, or a stateful iterable dataset read by worker processes.
+            dataset with ``world_size > 1``, a stateful iterable dataset read by worker processes, or one
+            whose state leaves part of its order out (:func:`unsaved_order`).
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -90,6 +91,13 @@ def make_resumable(loader: DataLoader, *, seed: int, rank: int = 0, world_size: 
             raise TypeError(
                 f"{type(dataset).__name__} is an IterableDataset without state_dict()/load_state_dict(): "
                 "where it stands cannot be stored"
+            )
+        unsaved = unsaved_order(dataset)
+        if unsaved is not None:
+            raise ValueError(
+                f"{type(dataset).__name__} cannot be resumed exactly: {unsaved}. Shuffle a map-style "
+                "dataset instead (DataLoader(dataset, shuffle=True)), or remove ResumableLoaderMixin to accept an "
+                "inexact resume"
             )
         if world_size > 1:
             raise ValueError(

@@ -39,6 +39,7 @@ from lightning_loadguard.position.switch import (
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions, options_to_start
 from lightning_loadguard.tuning.planner import PROFILE_LENGTH, Planner, model_only_decision
+from lightning_loadguard.tuning.sharding import worker_sharding
 
 __all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner_budget"]
 
@@ -722,9 +723,21 @@ class TuningSession:
             self._budget,
             self.options,
             window,
-            reason
-            or "an IterableDataset restarts from its beginning when its workers change and may not shard by worker, "
-            "so num_workers is not changed and nothing is probed mid-epoch",
+            reason or self._iterable_reason(),
+        )
+
+    def _iterable_reason(self) -> str:
+        assert self._loader is not None
+        sharding = worker_sharding(self._loader.dataset)
+        if sharding is None:
+            return (
+                "an IterableDataset restarts from its beginning when its workers change and may not shard by "
+                "worker, so num_workers is not changed and nothing is probed mid-epoch"
+            )
+        return (
+            f"the train loader reads {sharding}: each epoch's order depends on num_workers (which worker reads "
+            "which shard, interleaved batch by batch), so num_workers is kept and nothing is probed mid-epoch; "
+            "the prefetch depth, which leaves the order alone, is chosen from the model for the next epoch"
         )
 
     def _finish(self, port: TrainerPort, decision: TuneDecision) -> None:
@@ -821,6 +834,14 @@ class TuningSession:
         if port.current_epoch != 0:
             return "tuning runs in epoch 0, and this run starts in a later epoch without a stored decision"
         if isinstance(loader.dataset, IterableDataset) and loader.num_workers == 0:
+            sharding = worker_sharding(loader.dataset)
+            if sharding is not None:
+                return (
+                    f"the train loader reads {sharding}, in the main process; workers would change each epoch's "
+                    "order (which worker reads which shard, interleaved batch by batch) and without them no "
+                    "buffer exists to deepen. Set num_workers yourself (the order then follows it) and the "
+                    "prefetch depth can be tuned"
+                )
             return (
                 "the train loader reads an IterableDataset in the main process; more workers would each replay an "
                 "unsharded dataset (duplicate samples) and no buffer exists to deepen"

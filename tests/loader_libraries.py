@@ -1,0 +1,233 @@
+"""Small pipelines on the data libraries people train with, built on local files a test writes.
+
+Hugging Face ``datasets`` (a map-style Arrow table with ``with_format("torch")``, and a streaming
+``IterableDataset`` over local Parquet files), WebDataset (tar shards) and litdata (``optimize`` to a local
+directory, read with ``StreamingDataset`` + ``StreamingDataLoader``). Each is used as its documentation shows;
+the only addition is the dataset's own clock: every sample passes through a transform of known CPU cost that
+stamps when it started and finished (``perf_counter``, comparable across processes), and the collate stamps the
+batch's end, so a batch is ``[indices, features, stamps, collated]`` as :class:`pipelines.ClockedModule` reads it.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+FEATURES = 16
+SHARDS = 4
+LIBRARIES = ("hf_map", "hf_stream", "webdataset", "litdata")
+
+
+class SampleClock:
+    """The transform every sample passes through: ``sample_s`` of this thread's CPU time, stamped.
+
+    A fixed amount of work (CPU time, not a wall-clock deadline) like a decode or augmentation, so a worker
+    that shares its core with others takes longer, as a real transform would; the stamps record what it took.
+    """
+
+    def __init__(self, sample_s: float) -> None:
+        self.sample_s = sample_s
+
+    def __call__(self, index: Any, features: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        end = time.thread_time() + self.sample_s
+        while time.thread_time() < end:
+            pass
+        return {
+            "index": int(index),
+            "features": torch.as_tensor(features, dtype=torch.float32),
+            "stamps": torch.tensor([started, time.perf_counter()], dtype=torch.float64),
+        }
+
+
+def clocked_collate(samples: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """torch's ``default_collate`` of the clocked samples, then the batch's own end stamp."""
+    batch = default_collate([(s["index"], s["features"], s["stamps"]) for s in samples])
+    return [*batch, torch.tensor(time.perf_counter(), dtype=torch.float64)]
+
+
+class RowsCollate:
+    """The collate of the map-style table: each row read from Arrow goes through the clock, then collates."""
+
+    def __init__(self, clock: SampleClock) -> None:
+        self.clock = clock
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[torch.Tensor]:
+        return clocked_collate([self.clock(row["index"], row["features"]) for row in rows])
+
+
+class _RowClock:
+    """``IterableDataset.map`` function: a streamed row through the clock."""
+
+    def __init__(self, clock: SampleClock) -> None:
+        self.clock = clock
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        return self.clock(row["index"], row["features"])
+
+
+class _TarSampleClock:
+    """WebDataset ``map`` function: a decoded tar sample through the clock."""
+
+    def __init__(self, clock: SampleClock) -> None:
+        self.clock = clock
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        return self.clock(sample["index.cls"], sample["features.pth"])
+
+
+def _rows(indices: range) -> dict[str, list[Any]]:
+    return {"index": list(indices), "features": [[float(i)] * FEATURES for i in indices]}
+
+
+def _shard_ranges(n: int) -> list[range]:
+    return [range(s * n // SHARDS, (s + 1) * n // SHARDS) for s in range(SHARDS)]
+
+
+def write_parquet(root: Path, n: int) -> list[str]:
+    """``SHARDS`` Parquet files holding samples ``0 .. n-1`` in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    files = []
+    for shard, indices in enumerate(_shard_ranges(n)):
+        path = root / f"part-{shard:02d}.parquet"
+        if not path.exists():
+            pq.write_table(pa.table(_rows(indices)), path)
+        files.append(str(path))
+    return files
+
+
+def write_tar_shards(root: Path, n: int) -> list[str]:
+    """``SHARDS`` WebDataset tar shards holding samples ``0 .. n-1`` in order."""
+    import webdataset as wds
+
+    root.mkdir(parents=True, exist_ok=True)
+    urls = []
+    for shard, indices in enumerate(_shard_ranges(n)):
+        path = root / f"shard-{shard:02d}.tar"
+        if not path.exists():
+            with wds.TarWriter(str(path)) as sink:
+                for i in indices:
+                    buffer = io.BytesIO()
+                    torch.save(torch.full((FEATURES,), float(i)), buffer)
+                    sink.write({"__key__": f"{i:06d}", "index.cls": i, "features.pth": buffer.getvalue()})
+        urls.append(str(path))
+    return urls
+
+
+def _litdata_sample(index: int) -> dict[str, Any]:
+    return {"index": index, "features": torch.full((FEATURES,), float(index))}
+
+
+def write_litdata(root: Path, n: int) -> str:
+    """Samples ``0 .. n-1`` written with ``litdata.optimize`` in ``SHARDS`` chunks."""
+    assert litdata is not None, "litdata is not installed"
+    out = root / "optimized"
+    if not (out / "index.json").exists():
+        # optimize sets the process-wide start method (to spawn unless told): every later DataLoader would then
+        # spawn its workers, each importing torch and Lightning again. Fork, as torch's default here, and put
+        # back whatever was set.
+        before = multiprocessing.get_start_method(allow_none=True)
+        try:
+            litdata.optimize(
+                fn=_litdata_sample,
+                inputs=list(range(n)),
+                output_dir=str(out),
+                chunk_size=n // SHARDS,
+                num_workers=1,
+                start_method="fork",
+            )
+        finally:
+            multiprocessing.set_start_method(before, force=True)
+    return str(out)
+
+
+try:
+    import litdata
+except ImportError:  # the loaders extra is not installed: the tests that need litdata are skipped
+    litdata = None
+else:
+
+    class ClockedStreamingDataset(litdata.StreamingDataset):
+        """litdata's documented way to transform: a subclass whose ``__getitem__`` reads, then transforms."""
+
+        def __init__(self, *args: Any, clock: SampleClock, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.clock = clock
+
+        def __getitem__(self, index: Any) -> dict[str, Any]:
+            sample = super().__getitem__(index)
+            return self.clock(sample["index"], sample["features"])
+
+
+def build_loader(
+    library: str,
+    root: Path,
+    *,
+    n: int = 160,
+    batch_size: int = 4,
+    num_workers: int = 0,
+    sample_s: float = 0.0,
+    shuffle: bool = False,
+    **loader_kwargs: Any,
+) -> DataLoader:
+    """The train loader of ``library`` over ``n`` samples written under ``root`` (once; later calls reuse them).
+
+    Every batch is ``[indices, features, stamps, collated]``; ``shuffle`` is each library's own shuffling.
+    """
+    clock = SampleClock(sample_s)
+    settings: dict[str, Any] = {"batch_size": batch_size, "num_workers": num_workers, **loader_kwargs}
+    if library == "hf_map":
+        import datasets
+
+        table = datasets.Dataset.from_dict(_rows(range(n))).with_format("torch")
+        return DataLoader(table, shuffle=shuffle, collate_fn=RowsCollate(clock), **settings)
+    if library == "hf_stream":
+        import datasets
+
+        files = write_parquet(root / "parquet", n)
+        stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        if shuffle:
+            stream = stream.shuffle(seed=0, buffer_size=16)
+        return DataLoader(stream.map(_RowClock(clock)), collate_fn=clocked_collate, **settings)
+    if library == "webdataset":
+        import webdataset as wds
+
+        urls = write_tar_shards(root / "tars", n)
+        pipeline = wds.WebDataset(urls, shardshuffle=SHARDS if shuffle else False, seed=0, empty_check=False)
+        if shuffle:
+            pipeline = pipeline.shuffle(16, seed=0)
+        return DataLoader(pipeline.decode().map(_TarSampleClock(clock)), collate_fn=clocked_collate, **settings)
+    if library == "litdata":
+        assert litdata is not None, "litdata is not installed"
+        directory = write_litdata(root / "litdata", n)
+        dataset = ClockedStreamingDataset(directory, shuffle=shuffle, seed=0, clock=clock)
+        return litdata.StreamingDataLoader(dataset, collate_fn=clocked_collate, **settings)
+    raise ValueError(f"library must be one of {LIBRARIES}, got {library!r}")
+
+
+def installed(library: str) -> bool:
+    """Whether the package ``library`` needs imports here."""
+    module = {"hf_map": "datasets", "hf_stream": "datasets", "webdataset": "webdataset", "litdata": "litdata"}
+    try:
+        __import__(module[library])
+    except ImportError:
+        return False
+    return True
+
+
+def iterate(loader: Any) -> list[int]:
+    """The sample indices of one pass over ``loader``, in order."""
+    return [int(i) for batch in loader for i in batch[0]]
