@@ -133,3 +133,49 @@ def test_examples_use_only_the_stable_api() -> None:
         for names in re.findall(r"from lightning_loadguard import ([^\n]+)", text):
             for name in re.split(r",\s*", names.strip("() ")):
                 assert name in lightning_loadguard.__all__, f"{example.name} imports {name}, not a public name"
+
+
+# Rows of docs/resume.md's table that name no test yet: each is a promise without a check, listed so that a new
+# one fails here and a test written for one of them must strike it out.
+_RESUME_ROWS_WITHOUT_A_TEST = {
+    "world-size change together with `limit_train_batches`",
+    "several loaders with another world size on resume",
+    "a loader with its own `state_dict()`/`load_state_dict()` over an iterable dataset, with a length (litdata's "
+    "`StreamingDataLoader`, `StatefulDataLoader` over a sized stream)",
+    "Lightning 2.4",
+}
+
+
+def test_every_row_of_the_resume_table_names_tests_that_exist() -> None:
+    """Each row's test cell names test files in tests/ and, in them, test functions (or name patterns) or the
+    scenario names a file's parametrized test runs; CI runs every test file (`.ci/run`)."""
+    from fnmatch import fnmatch
+
+    tests = DOCS.parent / "tests"
+    text = _text("resume.md")
+    table = text[text.index("## What is supported") :]
+    lines = [line.strip().strip("|").split("|") for line in table.splitlines() if line.startswith("|")]
+    rows = [(cells[0].strip(), cells[-1].strip()) for cells in lines[2:]]  # past the header and its rule
+    assert len(rows) > 20
+    untested = set()
+    for setup, cell in rows:
+        names = re.findall(r"`([^`]+)`", cell)
+        if not names:
+            untested.add(setup)
+            continue
+        source = ""
+        for name in names:
+            path, _, function = name.partition("::")
+            if path.endswith(".py") or path == ".ci/run":
+                where = DOCS.parent / path if path.startswith(".ci") else tests / path
+                if not where.exists() and (DOCS.parent / "lightning_loadguard" / path).exists():
+                    where = DOCS.parent / "lightning_loadguard" / path
+                assert where.exists(), f"resume.md names {path}, which does not exist ({setup})"
+                source = where.read_text()
+            else:
+                function = name
+            if function:
+                defined = re.findall(r"^def (test_\w+)|\"name\": \"(\w+)\"", source, flags=re.M)
+                known = {a or b for a, b in defined}
+                assert any(fnmatch(k, function) for k in known), f"resume.md names {name}, not found ({setup})"
+    assert untested == _RESUME_ROWS_WITHOUT_A_TEST
