@@ -77,7 +77,7 @@ class _ConsumerHooks(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._mine(trainer):
-            self.owner._loadguard_before_batch(batch_idx)
+            self.owner._loadguard_before_batch(trainer, batch_idx)
 
     @override
     def on_train_batch_end(
@@ -181,14 +181,23 @@ class ResumableLoaderMixin:
     ``accumulate_grad_batches``, ``val_check_interval``, ``estimated_stepping_batches``, several crashes in a
     row, a larger ``max_steps`` after a fit that ended mid-epoch, a different world size on resume (the rest
     of the epoch is re-sharded), and iterable datasets with ``state_dict()/load_state_dict()`` read with
-    ``num_workers=0`` on one process. Loaders that keep their own state over an iterable dataset are left to
-    it. Refused with an error: a changed dataset length, batch size or ``drop_last``; a state of another
-    version; a sampler whose order cannot be reproduced; a ``CombinedLoader``; a custom batch sampler on
-    several ranks; a world-size change combined with ``limit_train_batches``. docs/resume.md has the table.
+    ``num_workers=0`` on one process. The position is applied once, by the outermost ``train_dataloader``,
+    whatever the class hierarchy: overrides calling ``super()`` or not, the mixin listed after another base,
+    ``LightningDataModule.from_datasets``. Refused with an error: a changed dataset length, batch size or
+    ``drop_last``; a state of another version; a sampler whose order cannot be reproduced; a
+    ``CombinedLoader``; a custom batch sampler on several ranks; a world-size change combined with
+    ``limit_train_batches`` or with several loaders. A loader the mixin cannot position (not a
+    ``DataLoader``, a ``DataLoader`` subclass, an ``IterableDataset`` without state, a loader keeping its
+    own state over an iterable dataset) and a checkpoint without the mixin's state run from an epoch's start;
+    a resume inside an epoch is refused at its first step, unless ``allow_inexact_resume``. docs/resume.md
+    has the table.
 
     Attributes:
         loader_seed: Base seed of the epoch orders. ``None`` takes ``PL_GLOBAL_SEED`` (set by
             ``seed_everything``) or draws one on rank 0; it is stored in checkpoints either way.
+        allow_inexact_resume: ``False`` (default): a resume inside an epoch that the mixin cannot make exact
+            is refused with ``PositionMismatchError``. ``True``: it goes on as Lightning does without the mixin
+            (the loader used as is, a fresh iterator), with one warning; samples may repeat or be skipped.
 
     Example::
 
@@ -200,6 +209,7 @@ class ResumableLoaderMixin:
     """
 
     loader_seed: int | None = None
+    allow_inexact_resume: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -299,6 +309,8 @@ class ResumableLoaderMixin:
             return rest
         if isinstance(raw, dict) and "loaders" in raw:
             self.__dict__["_loadguard_loaded"] = _SeveralPositions.from_state(raw, getattr(self, "trainer", None))
+            if getattr(self, "trainer", None) is not None:
+                self._loadguard_attach(self.trainer)
             return rest
         position = LoaderPosition.from_state_dict(raw)
         trainer = getattr(self, "trainer", None)
@@ -316,6 +328,9 @@ class ResumableLoaderMixin:
             shift_restored_batch_count(trainer, moved.batches_consumed - position.batches_consumed)
             position = moved
         self.__dict__["_loadguard_loaded"] = position
+        if trainer is not None:
+            # Checked at the first step even if train_dataloader() never reaches the mixin.
+            self._loadguard_attach(trainer)
         return rest
 
     def _loadguard_seed_for(self, trainer: Any, loaded: LoaderPosition | None) -> int:
@@ -350,32 +365,35 @@ class ResumableLoaderMixin:
                 "instead, or remove ResumableLoaderMixin to train without exact resume"
             )
         if not isinstance(loader, DataLoader):
-            self._loadguard_warn_once(
-                "type",
-                f"train_dataloader() returned a {type(loader).__qualname__}, not a DataLoader: "
-                "ResumableLoaderMixin cannot store its position and a resumed epoch will not be exact",
+            return self._loadguard_unpositioned(
+                loader,
+                trainer,
+                f"train_dataloader() returned a {type(loader).__qualname__}, not a DataLoader, whose position "
+                "ResumableLoaderMixin cannot store",
+                "Return a torch DataLoader from train_dataloader()",
             )
-            return loader
         if is_stateful(loader) and not rebuildable(loader):
             return self._loadguard_keep_stateful(loader, trainer)
         if not rebuildable(loader):
-            self._loadguard_warn_once(
-                "subclass",
-                f"train_dataloader() returned a {type(loader).__qualname__} (a DataLoader subclass): "
-                "ResumableLoaderMixin cannot rebuild it with a resumable order (its own arguments cannot be "
-                "read back), so it is used as is and a resumed epoch will not be exact. Return a plain "
-                "DataLoader, or give the subclass state_dict()/load_state_dict()",
+            return self._loadguard_unpositioned(
+                loader,
+                trainer,
+                f"train_dataloader() returned a {type(loader).__qualname__} (a DataLoader subclass), which "
+                "ResumableLoaderMixin cannot rebuild with a resumable order (its own arguments cannot be read "
+                "back), so it is used as is",
+                "Return a plain DataLoader (the mixin rebuilds it exactly)",
             )
-            return loader
         if isinstance(loader.dataset, IterableDataset) and not is_stateful(loader.dataset):
-            self._loadguard_warn_once(
-                "iterable",
+            return self._loadguard_unpositioned(
+                loader,
+                trainer,
                 f"{type(loader.dataset).__qualname__} is an IterableDataset without state_dict()/"
-                "load_state_dict(): exact resume is impossible, a resumed epoch starts the dataset from its "
-                "beginning. Implement those two methods (torchdata's Stateful protocol) or use a map-style "
-                "dataset",
+                "load_state_dict(): where it stands cannot be stored, and a resumed epoch would start the "
+                "dataset from its beginning",
+                "Implement state_dict()/load_state_dict() on the dataset (torchdata's Stateful protocol, read "
+                "with num_workers=0) or use a map-style dataset",
             )
-            return loader
+        self.__dict__.pop("_loadguard_why_unpositioned", None)
         iterations = align_with_lightning_restart(trainer)
         loaded = self.__dict__.pop("_loadguard_loaded", None)
         seed = self._loadguard_seed_for(trainer, loaded)
@@ -397,20 +415,69 @@ class ResumableLoaderMixin:
                 # The mixin guarantees this mid-epoch resume; Lightning's warning that it is unreliable is not.
                 self.__dict__["_loadguard_restore_warnings"] = silence_not_resumable_warning()
         elif trainer.ckpt_path and not self.__dict__.get("_loadguard_state_seen"):
-            self._loadguard_warn_once(
-                "missing",
+            # Refused at the first step if the trainer continues inside an epoch (_loadguard_first_batch); with
+            # allow_inexact_resume the epoch restarts from its first batch while the trainer counts on.
+            self.__dict__["_loadguard_why_unpositioned"] = (
                 f"the checkpoint {trainer.ckpt_path} holds no train-loader position (written without "
-                f"ResumableLoaderMixin or by an older run): epoch {trainer.current_epoch} restarts from its "
-                "first batch, and the trainer still counts the batches it had finished in it",
+                "ResumableLoaderMixin, or by an older run)",
+                "Resume from a checkpoint written at an epoch's end, or by a run with ResumableLoaderMixin",
             )
-            # The trainer's batch index starts past 0 in that epoch: nothing to check it against until the next.
             self.__dict__["_loadguard_unchecked"] = True
         if isinstance(order, (PlannedSampler, PlannedBatchSampler)):
             order.cursor = cursor
         self.__dict__["_loadguard_loader"] = made
+        self._loadguard_attach(trainer)
+        return made
+
+    def _loadguard_attach(self, trainer: Any) -> None:
+        """Put the consumer hooks first in the trainer's callbacks (once)."""
         hooks = self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self))
         put_callback_first(trainer, hooks)
-        return made
+
+    def _loadguard_unpositioned(self, loader: Any, trainer: Any, why: str, fix: str) -> Any:
+        """Use ``loader`` as is: a fresh fit and a resume at an epoch's start run; a resume inside an epoch is
+        refused at its first step (``_loadguard_first_batch``) unless ``allow_inexact_resume`` is set."""
+        self.__dict__["_loadguard_why_unpositioned"] = (why, fix)
+        # A loaded position does not apply to this loader, and must not pass on to this run's checkpoints.
+        for name in ("_loadguard_loader", "_loadguard_parts", "_loadguard_loaded", "_loadguard_cursor_trainer"):
+            self.__dict__.pop(name, None)
+        self.__dict__.pop("_loadguard_cursor", None)
+        if not self.allow_inexact_resume:
+            self._loadguard_warn_once(
+                "unpositioned",
+                f"{why}: checkpoints of this run resume exactly only at an epoch's start, and resuming inside an "
+                f"epoch will be refused. {fix}",
+            )
+        self._loadguard_attach(trainer)
+        return loader
+
+    def _loadguard_first_batch(self, trainer: Any, batch_idx: int) -> None:
+        """Refuse a resumed fit whose first step is inside an epoch while no loader continues it exactly.
+
+        Lightning's batch index of the first step after restoring a checkpoint says where it continues: past
+        0, it trains the rest of an epoch, from a loader the mixin could not position (or never saw).
+
+        Raises:
+            PositionMismatchError: that case, unless ``allow_inexact_resume`` is set (then one warning).
+        """
+        if batch_idx == 0 or not trainer.ckpt_path:
+            return
+        why_fix = self.__dict__.get("_loadguard_why_unpositioned")
+        if why_fix is None and self.__dict__.get("_loadguard_cursor_trainer") is trainer:
+            return
+        why, fix = why_fix or (
+            "train_dataloader() never reached ResumableLoaderMixin (it was replaced after the class was made)",
+            "Define train_dataloader on the DataModule class",
+        )
+        message = (
+            f"cannot resume inside epoch {trainer.current_epoch} exactly (the trainer continues at its batch "
+            f"{batch_idx} from {trainer.ckpt_path}): {why}. {fix}; or resume from a checkpoint written at an "
+            "epoch's end; or set allow_inexact_resume = True on the DataModule to continue as Lightning does, "
+            "not exactly"
+        )
+        if not self.allow_inexact_resume:
+            raise PositionMismatchError(message)
+        self._loadguard_warn_once("inexact", message.replace("cannot resume", "allow_inexact_resume: not resuming"))
 
     def _loadguard_adapt_several(self, loaders: dict[Any, Any] | list[Any] | tuple[Any, ...], trainer: Any) -> Any:
         """Position every loader of a dict or list (Lightning combines them, cycling the shorter ones).
@@ -473,8 +540,8 @@ class ResumableLoaderMixin:
         self.__dict__["_loadguard_cursor_trainer"] = trainer
         self.__dict__["_loadguard_parts"] = parts
         self.__dict__.pop("_loadguard_loader", None)
-        hooks = self.__dict__.setdefault("_loadguard_hooks", _ConsumerHooks(self))
-        put_callback_first(trainer, hooks)
+        self.__dict__.pop("_loadguard_why_unpositioned", None)
+        self._loadguard_attach(trainer)
         made_loaders = [part.loader for part in parts.values()]
         if isinstance(loaders, dict):
             return dict(zip(parts, made_loaders, strict=True))
@@ -506,6 +573,12 @@ class ResumableLoaderMixin:
             f"{type(loader).__qualname__} keeps its own position (state_dict()/load_state_dict()): "
             "ResumableLoaderMixin leaves resuming to that state, which Lightning saves in every checkpoint",
         )
+        # The loader positions itself: a position loaded from the checkpoint is not the mixin's to apply, and
+        # the first-step check has nothing to refuse.
+        for name in ("_loadguard_loader", "_loadguard_parts", "_loadguard_loaded", "_loadguard_why_unpositioned"):
+            self.__dict__.pop(name, None)
+        self.__dict__.pop("_loadguard_cursor", None)
+        self.__dict__["_loadguard_cursor_trainer"] = trainer
         if trainer.ckpt_path and isinstance(getattr(loader, "restore", None), bool):
             # litdata's StreamingDataLoader sets `restore` when its state is loaded and clears it only when an
             # epoch's iterator runs to its end, which Lightning never asks of a loader with a length: every
@@ -538,8 +611,11 @@ class ResumableLoaderMixin:
         for part in (self.__dict__.get("_loadguard_parts") or {}).values():
             part.cursor.epoch_started()
 
-    def _loadguard_before_batch(self, batch_idx: int) -> None:
+    def _loadguard_before_batch(self, trainer: Any, batch_idx: int) -> None:
         self._loadguard_release_warnings()
+        if self.__dict__.get("_loadguard_first_checked") is not trainer:
+            self.__dict__["_loadguard_first_checked"] = trainer
+            self._loadguard_first_batch(trainer, batch_idx)
         cursor = self.__dict__.get("_loadguard_cursor")
         if cursor is None:
             return

@@ -48,6 +48,19 @@ class Indexed(Dataset):
         return i, torch.tensor([float(i)])
 
 
+class Batches:
+    """Not a DataLoader: an object with ``__iter__`` and ``__len__`` over a loader's batches."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
 class GeneratorLoader(DataLoader):
     """A DataLoader subclass whose ``__iter__`` is a generator (as some of Lightning's own tests write)."""
 
@@ -69,6 +82,8 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
         return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
     if kind in LIBRARIES:  # a data library's own loader over files the test wrote (loader_libraries)
         return build_loader(kind, Path(c["root"]), n=n, batch_size=b, shuffle=c.get("shuffle", False), **extra)
+    if kind == "not_a_loader":
+        return Batches(DataLoader(Indexed(n), batch_size=b, shuffle=True, **extra))
     if kind == "plain_iterable":
         return DataLoader(Stream(n), batch_size=b, **extra)
     ds = Indexed(n)
@@ -117,6 +132,8 @@ class _CaseLoader:
         self.case = case
         if case.get("seed") is not None:
             self.loader_seed = case["seed"]
+        if case.get("allow_inexact"):
+            self.allow_inexact_resume = True
 
     def train_dataloader(self) -> DataLoader:
         return build_train_loader(self.case, self.trainer)

@@ -137,13 +137,7 @@ def test_examples_use_only_the_stable_api() -> None:
 
 # Rows of docs/resume.md's table that name no test yet: each is a promise without a check, listed so that a new
 # one fails here and a test written for one of them must strike it out.
-_RESUME_ROWS_WITHOUT_A_TEST = {
-    "world-size change together with `limit_train_batches`",
-    "several loaders with another world size on resume",
-    "a loader with its own `state_dict()`/`load_state_dict()` over an iterable dataset, with a length (litdata's "
-    "`StreamingDataLoader`, `StatefulDataLoader` over a sized stream)",
-    "Lightning 2.4",
-}
+_RESUME_ROWS_WITHOUT_A_TEST: set[str] = set()
 
 
 def test_every_row_of_the_resume_table_names_tests_that_exist() -> None:

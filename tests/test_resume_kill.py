@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from programs import run_program
 
+from lightning_loadguard.position import PositionMismatchError
+
 CHAIN = Path(__file__).with_name("resume_chain.py")
 # 20 samples, batch 4: 5 batches an epoch; global step 5 is epoch 0's last batch, 10 epoch 1's.
 BASE = {"n": 20, "batch_size": 4, "epochs": 3, "seed": 5}
@@ -116,6 +118,13 @@ SCENARIOS: list[dict[str, Any]] = [
         "case": dict(BASE, sampler="list", workers=1),
         "segments": [_step(4), _step(12), {}],
     },
+    # Two loaders in a dict on 2 ranks (24 and 12 samples, batch 3: 4 steps an epoch, the second loader's pass
+    # of 2 batches per rank cycled twice); killed inside the second loader's second pass, then on its boundary.
+    {
+        "name": "ddp_several_loaders",
+        "case": {"n": 24, "batch_size": 3, "epochs": 2, "seed": 5, "devices": 2, "sampler": "dict"},
+        "segments": [_step(3), _step(6), {}],
+    },
     # Case 5: a loader with its own state (torchdata's StatefulDataLoader), with and without workers.
     {
         # Step 5 is epoch 0's last batch: torchdata's own state would resume into an empty epoch 1.
@@ -131,7 +140,11 @@ SCENARIOS: list[dict[str, Any]] = [
     # Case 6: a plain mid-epoch resume, exact before too, but Lightning warned that it was unreliable.
     {"name": "mid_epoch", "case": BASE, "segments": [_step(7), {}]},
     # Case 6, the control: a loader the mixin cannot rebuild keeps Lightning's warning (and is not exact).
-    {"name": "subclass_not_guaranteed", "case": dict(BASE, sampler="subclass"), "segments": [_step(7), {}]},
+    {
+        "name": "subclass_not_guaranteed",
+        "case": dict(BASE, sampler="subclass", allow_inexact=True),
+        "segments": [_step(7), {}],
+    },
 ]
 SLOW = {
     "three_crashes",
@@ -196,9 +209,28 @@ def test_ddp_ranks_shard_every_epoch(slow_chains: dict[str, Any]) -> None:
         assert union == list(range(24))
 
 
+def test_ddp_several_loaders_shard_each_loader(chains: dict[str, Any]) -> None:
+    ref = chains["ddp_several_loaders"]["reference"]
+    for epoch in range(2):
+        seen = [i for r in ("0", "1") for i in ref[r][epoch * 24 : (epoch + 1) * 24]]
+        assert sorted(i for i in seen if i < 1000) == list(range(24)), "each rank its own shard of loader a"
+        second = [i - 1000 for i in seen if i >= 1000]
+        assert sorted(second) == sorted(list(range(12)) * 2), "loader b cycled twice, each pass sharded"
+
+
+def test_several_loaders_on_another_world_size_are_refused(chains: dict[str, Any]) -> None:
+    # A checkpoint of the 2-rank run (3 steps into epoch 0) resumed on one process: each loader's pass
+    # would need re-sharding, which the mixin does for a single loader only.
+    from resume_harness import run
+
+    case = dict(next(s for s in SCENARIOS if s["name"] == "ddp_several_loaders")["case"], devices=1)
+    with pytest.raises(PositionMismatchError, match=r"several loaders were positioned with world_size=\[2\], this"):
+        run(case, ckpt_in=chains["ddp_several_loaders"]["checkpoints"][0])
+
+
 def test_the_comparison_catches_an_inexact_loader(chains: dict[str, Any]) -> None:
-    # A DataLoader subclass (its __iter__ a generator) is used as is: training runs, Lightning still warns
-    # on the mid-epoch resume, and the same comparison finds the samples that differ.
+    # A DataLoader subclass (its __iter__ a generator), resumed mid-epoch with allow_inexact_resume: training
+    # runs, Lightning still warns, and the same comparison finds the samples that differ.
     result = chains["subclass_not_guaranteed"]
     assert result["ended"] == ["exit 0", "SIGKILL", "exit 0"]
     assert result["resumed"]["0"] != result["reference"]["0"]

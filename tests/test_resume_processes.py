@@ -13,6 +13,8 @@ import pytest
 from programs import run_program
 from resume_harness import run
 
+from lightning_loadguard.position import PositionMismatchError
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 HARNESS = Path(__file__).with_name("resume_harness.py")
@@ -67,6 +69,11 @@ def test_two_ranks_to_one_finishes_the_epoch_exactly_once(ddp_runs: dict[str, An
     rest = after.seen[: 24 - len(seen_in_epoch_1)]
     assert sorted(seen_in_epoch_1 + rest) == list(range(24))
     assert sorted(after.seen[len(rest) :]) == list(range(24)), "the next epoch is whole, on one rank"
+
+
+def test_another_world_size_with_limit_train_batches_is_refused(ddp_runs: dict[str, Any]) -> None:
+    with pytest.raises(PositionMismatchError, match=r"world_size=2 on world_size=1 with limit_train_batches=3"):
+        run(dict(BASE, limit=3), ckpt_in=str(ddp_runs["ckpt"]))
 
 
 def test_one_rank_to_two_finishes_the_epoch_exactly_once(tmp_path: Path) -> None:

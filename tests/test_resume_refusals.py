@@ -1,13 +1,117 @@
-"""The resume cases docs/resume.md lists as refused, refused with the error it quotes (the position core)."""
+"""The resume cases docs/resume.md lists as refused, refused with the error it quotes.
+
+The position core's refusals (what cannot be sharded over ranks), and every loader the mixin cannot position:
+a fresh fit and a resume at an epoch's start run, a resume inside an epoch is refused before its first step
+with an error that says what to do, unless ``allow_inexact_resume``.
+"""
 
 from __future__ import annotations
 
+import re
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from resume_harness import Batches, Data, Indexed, run
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
-from lightning_loadguard.position import make_resumable
+from lightning_loadguard.datamodule import STATE_KEY
+from lightning_loadguard.position import PositionMismatchError, make_resumable
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+# 20 samples, batch 4: 5 batches an epoch; a checkpoint at global step 3 is 3 batches into epoch 0, at 7 two
+# batches into epoch 1.
+BASE = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 9}
+UNPOSITIONED = {
+    "not_a_loader": r"returned a Batches, not a DataLoader.*Return a torch DataLoader",
+    "subclass": r"GeneratorLoader \(a DataLoader subclass\).*Return a plain DataLoader",
+    "plain_iterable": r"Stream is an IterableDataset without state_dict\(\).*Implement state_dict\(\)",
+}
+
+
+def _mid_epoch_checkpoint(case: dict[str, Any], tmp_path: Path, at: int = 3) -> str:
+    ckpt = str(tmp_path / "mid.ckpt")
+    before, _, _ = run(dict(case, stop_kind="step", stop_at=at), ckpt_out=ckpt)
+    assert len(before.seen) == at * 4
+    return ckpt
+
+
+@pytest.mark.parametrize("sampler", sorted(UNPOSITIONED))
+def test_a_mid_epoch_resume_of_a_loader_the_mixin_cannot_position_is_refused(sampler: str, tmp_path: Path) -> None:
+    case = dict(BASE, sampler=sampler)
+    ckpt = _mid_epoch_checkpoint(case, tmp_path)
+    with pytest.raises(PositionMismatchError, match=r"cannot resume inside epoch 0 exactly") as refused:
+        run(case, ckpt_in=ckpt)
+    message = str(refused.value)
+    assert re.search(UNPOSITIONED[sampler], message), message
+    assert "allow_inexact_resume = True" in message
+    assert "checkpoint written at an epoch's end" in message
+
+
+@pytest.mark.parametrize("sampler", ["subclass", "plain_iterable"])
+def test_a_resume_at_an_epochs_start_runs_every_sample_once(sampler: str, tmp_path: Path) -> None:
+    case = dict(BASE, sampler=sampler, epochs=3)
+    ckpt = str(tmp_path / "end.ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before, _, _ = run(dict(case, stop_kind="epoch_end", stop_at=0), ckpt_out=ckpt)
+    # The fresh fit says once that its checkpoints resume exactly only at an epoch's start.
+    assert sum("resuming inside an epoch will be refused" in str(w.message) for w in caught) == 1
+    after, _, _ = run(case, ckpt_in=ckpt)
+    assert len(before.seen) == 20
+    assert len(after.seen) == 40
+    for epoch in range(2):
+        assert sorted(after.seen[epoch * 20 : (epoch + 1) * 20]) == list(range(20))
+
+
+def test_allow_inexact_resume_continues_as_lightning_does(tmp_path: Path) -> None:
+    case = dict(BASE, sampler="subclass")
+    ckpt = _mid_epoch_checkpoint(case, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        after, _, _ = run(dict(case, allow_inexact=True), ckpt_in=ckpt)
+    # The rest of epoch 0 by Lightning's count (2 batches) from a fresh iterator, then epoch 1.
+    assert len(after.seen) == 28
+    messages = [str(w.message) for w in caught]
+    assert any("allow_inexact_resume: not resuming inside epoch 0 exactly" in m for m in messages), messages
+    assert any("dataloader is not resumable" in m for m in messages), "Lightning's own warning must still show"
+
+
+def _drop_position(src: str, dst: str) -> None:
+    ckpt = torch.load(src, weights_only=False)
+    del ckpt["Data"][STATE_KEY]
+    if not ckpt["Data"]:
+        del ckpt["Data"]
+    torch.save(ckpt, dst)
+
+
+def test_a_checkpoint_without_the_position_is_refused_mid_epoch(tmp_path: Path) -> None:
+    ckpt, old = _mid_epoch_checkpoint(BASE, tmp_path, at=7), str(tmp_path / "old.ckpt")
+    _drop_position(ckpt, old)
+    with pytest.raises(PositionMismatchError, match=r"holds no train-loader position.*ResumableLoaderMixin"):
+        run(BASE, ckpt_in=old)
+    # Opted out: epoch 1 starts again from its first batch; the trainer still stops after its remaining 3.
+    full, _, _ = run(BASE)
+    after, _, _ = run(dict(BASE, allow_inexact=True), ckpt_in=old)
+    assert after.seen == full.seen[20 : 20 + 12]
+
+
+def test_a_position_no_loader_takes_is_refused_mid_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # train_dataloader replaced behind the mixin's back (not through setattr): the checkpoint's position
+    # reaches no loader, and the first step inside the epoch stops the fit.
+    ckpt = _mid_epoch_checkpoint(BASE, tmp_path)
+    made = Data.__init__
+
+    def bypass(self: Data, case: dict[str, Any]) -> None:
+        made(self, case)
+        self.__dict__["train_dataloader"] = lambda: Batches(DataLoader(Indexed(20), batch_size=4))
+
+    monkeypatch.setattr(Data, "__init__", bypass)
+    with pytest.raises(PositionMismatchError, match=r"never reached ResumableLoaderMixin"):
+        run(BASE, ckpt_in=ckpt)
 
 
 class _Counting(IterableDataset):
