@@ -187,10 +187,10 @@ class ResumableLoaderMixin:
     ``drop_last``; a state of another version; a sampler whose order cannot be reproduced; a
     ``CombinedLoader``; a custom batch sampler on several ranks; a world-size change combined with
     ``limit_train_batches`` or with several loaders. A loader the mixin cannot position (not a
-    ``DataLoader``, a ``DataLoader`` subclass, an ``IterableDataset`` without state, a loader keeping its
-    own state over an iterable dataset) and a checkpoint without the mixin's state run from an epoch's start;
-    a resume inside an epoch is refused at its first step, unless ``allow_inexact_resume``. docs/resume.md
-    has the table.
+    ``DataLoader``, a ``DataLoader`` subclass, an ``IterableDataset`` without state) and a checkpoint without
+    the mixin's state run from an epoch's start; a resume inside an epoch is refused at its first step, unless
+    ``allow_inexact_resume``. A loader keeping its own state over an iterable dataset is resumed by that state.
+    docs/resume.md has the table.
 
     Attributes:
         loader_seed: Base seed of the epoch orders. ``None`` takes ``PL_GLOBAL_SEED`` (set by
@@ -417,11 +417,7 @@ class ResumableLoaderMixin:
         elif trainer.ckpt_path and not self.__dict__.get("_loadguard_state_seen"):
             # Refused at the first step if the trainer continues inside an epoch (_loadguard_first_batch); with
             # allow_inexact_resume the epoch restarts from its first batch while the trainer counts on.
-            self.__dict__["_loadguard_why_unpositioned"] = (
-                f"the checkpoint {trainer.ckpt_path} holds no train-loader position (written without "
-                "ResumableLoaderMixin, or by an older run)",
-                "Resume from a checkpoint written at an epoch's end, or by a run with ResumableLoaderMixin",
-            )
+            self.__dict__["_loadguard_why_unpositioned"] = _no_position(trainer.ckpt_path)
             self.__dict__["_loadguard_unchecked"] = True
         if isinstance(order, (PlannedSampler, PlannedBatchSampler)):
             order.cursor = cursor
@@ -541,6 +537,8 @@ class ResumableLoaderMixin:
         self.__dict__["_loadguard_parts"] = parts
         self.__dict__.pop("_loadguard_loader", None)
         self.__dict__.pop("_loadguard_why_unpositioned", None)
+        if loaded is None and trainer.ckpt_path and not self.__dict__.get("_loadguard_state_seen"):
+            self.__dict__["_loadguard_why_unpositioned"] = _no_position(trainer.ckpt_path)
         self._loadguard_attach(trainer)
         made_loaders = [part.loader for part in parts.values()]
         if isinstance(loaders, dict):
@@ -664,6 +662,15 @@ class ResumableLoaderMixin:
         trainer = getattr(self, "trainer", None)
         if hooks is not None and trainer is not None:
             remove_callback(trainer, hooks)
+
+
+def _no_position(ckpt_path: str) -> tuple[str, str]:
+    """Why a resume from ``ckpt_path`` cannot be positioned, and the fix."""
+    return (
+        f"the checkpoint {ckpt_path} holds no train-loader position (written without ResumableLoaderMixin, or by "
+        "an older run)",
+        "Resume from a checkpoint written at an epoch's end, or by a run with ResumableLoaderMixin",
+    )
 
 
 class _Once:
