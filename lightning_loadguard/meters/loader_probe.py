@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from lightning_loadguard import _torch
 from lightning_loadguard.meters.producer import (
     ROW_WIDTH,
     ProducerCounters,
@@ -105,10 +105,10 @@ class LoaderProbe:
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is None:
             return None
-        workers = getattr(iterator, "_workers", None)
-        if workers is None:
-            return [] if getattr(iterator, "_num_workers", 0) == 0 else None
-        return [w.pid for w in workers if w.pid is not None]
+        running = _torch.workers(iterator)
+        if running is None:
+            return [] if _torch.num_workers(iterator) == 0 else None
+        return [w.pid for w in running if w.pid is not None]
 
     def fail(self, what: str, err: Exception) -> None:
         """The probe's own code raised: stop measuring, say so once; training goes on untouched."""
@@ -161,7 +161,7 @@ class LoaderProbe:
             self._tell_in_process(True)
             return
         self._tell_in_process(False)
-        fetcher = getattr(iterator, "_dataset_fetcher", None)
+        fetcher = _torch.in_process_fetcher(iterator)
         if fetcher is None:
             return
         fetch_open = self.fetch_open
@@ -203,7 +203,7 @@ class LoaderProbe:
         if self.failed:
             return
         try:
-            if isinstance(result, _BaseDataLoaderIter):
+            if _torch.is_loader_iterator(result):
                 self.on_epoch_start(time.perf_counter() - started)
             elif not self._said_unmeasured:
                 # The class's own __iter__ wraps torch's iterator (a generator, map(), ...): workers start
@@ -226,7 +226,7 @@ class LoaderProbe:
         Hooked on the iterator's own ``_reset`` rather than on ``iter()``: a loader class whose ``__iter__``
         wraps torch's iterator never hands that iterator to ``iter()``'s caller.
         """
-        reset_of = type(iterator)._reset
+        reset_of = getattr(type(iterator), _torch.RESET)
         owner = weakref.ref(iterator)
 
         def reset(loader: Any, first_iter: bool = False) -> None:
@@ -241,12 +241,12 @@ class LoaderProbe:
             except Exception as err:
                 self.fail("starting a persistent iterator's epoch", err)
 
-        iterator._reset = reset
+        setattr(iterator, _torch.RESET, reset)
 
     def _observe(self, iterator: Any) -> None:
         # Held weakly: a cycle through the iterator's own attribute would delay its shutdown (and its
         # workers' exit) to an arbitrary garbage collection, possibly inside a forked child process.
-        next_data_of = type(iterator)._next_data
+        next_data_of = getattr(type(iterator), _torch.NEXT_DATA)
         owner = weakref.ref(iterator)
         on_fetch = self.on_fetch
 
@@ -273,7 +273,7 @@ class LoaderProbe:
                 self.fail("observing the fetch", err)
             return batch
 
-        iterator._next_data = next_data
+        setattr(iterator, _torch.NEXT_DATA, next_data)
 
     def _first_fetch(self, ledger: _EpochLedger, start: float) -> float:
         """The epoch's first fetch, which began at ``start``, ended: the seconds of it that went to waiting for
@@ -304,7 +304,8 @@ def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None,
     workers' counters, no calls of its own.
     """
     try:
-        entry = iterator._task_info.get(iterator._rcvd_idx)
+        task_info, received_index, sent = _torch.fetch_state(iterator)
+        entry = task_info.get(received_index)
         flat, base, received = ledger.flat, ledger.base, ledger.received
         row = None if entry is None else entry[0] % len(base)
         level = 0
@@ -320,7 +321,7 @@ def _peek(iterator: Any, ledger: _EpochLedger) -> tuple[int | None, bool | None,
                 ledger.batches = len(iterator)
             except TypeError:  # an unsized iterable dataset: the epoch's end is not known in advance
                 ledger.batches = -1
-        if ledger.batches >= 0 and iterator._send_idx >= ledger.batches:
+        if ledger.batches >= 0 and sent >= ledger.batches:
             return row, ready, None
         return row, ready, level
     except Exception:  # private internals of another torch version: readiness stays unknown
@@ -342,7 +343,7 @@ def _probed_class(cls: type) -> type:
         return iterator
 
     def _get_iterator(self: Any) -> Any:
-        create = super(probed, self)._get_iterator
+        create = getattr(super(probed, self), _torch.GET_ITERATOR)
         probe: LoaderProbe | None = self.__dict__.get(_PROBE_ATTR)
         if probe is None:
             return create()
@@ -353,7 +354,7 @@ def _probed_class(cls: type) -> type:
         (cls,),
         {
             "__iter__": __iter__,
-            "_get_iterator": _get_iterator,
+            _torch.GET_ITERATOR: _get_iterator,
             "__reduce_ex__": _reduce_to_base,
             "__module__": cls.__module__,
             _BASE_ATTR: cls,

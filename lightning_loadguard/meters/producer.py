@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lightning_loadguard import _torch
+
 if TYPE_CHECKING:
     from lightning_loadguard.meters.consumer import ConsumerMeter
 
@@ -208,9 +210,7 @@ def _timed(
 
 def _patch_fetchers(counters: ProducerCounters, row: int) -> None:
     """Time torch's fetchers in this worker process (a separate process: the patch stays here)."""
-    from torch.utils.data._utils import fetch as fetch_module
-
-    for cls in (fetch_module._MapDatasetFetcher, fetch_module._IterableDatasetFetcher):
+    for cls in _torch.fetcher_classes():
         original = getattr(cls, "_loadguard_original_fetch", cls.fetch)
         cls._loadguard_original_fetch = original  # type: ignore[attr-defined]
         cls.fetch = _timed(original, counters, row)  # type: ignore[method-assign]

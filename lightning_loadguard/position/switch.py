@@ -53,6 +53,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from lightning_loadguard import _torch
 from lightning_loadguard.meters.settings import DEFAULT_PREFETCH, SWITCHABLE
 from lightning_loadguard.position.iterable import StatefulIterableTap
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
@@ -204,7 +205,7 @@ class FreshSeedDraws(_StandIn):
             and loader.num_workers > 0
             and loader.persistent_workers
             # Set only once the persistent iterator exists: a new one draws its own seed while being built.
-            and loader.__dict__.get("_iterator") is not None
+            and _torch.cached_iterator(loader) is not None
         ):
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         return iter(self.inner)
@@ -300,21 +301,18 @@ def stop_ending_at_length(loader: DataLoader) -> None:
 
 def shutdown(iterator: object) -> None:
     """Stop an iterator's worker processes now (torch's own ``__del__`` path; a no-op without workers)."""
-    stop = getattr(iterator, "_shutdown_workers", None)
-    if callable(stop):
-        stop()
+    _torch.shutdown_workers(iterator)
 
 
 def yielded(iterator: Any) -> int | None:
     """Batches a torch loader iterator handed out (what left the loader, never what workers read ahead).
 
-    Reads torch's ``_BaseDataLoaderIter._num_yielded`` (torch 1.x to 2.13); an iterator of another kind
-    counts itself in ``yielded``; otherwise ``None``.
+    A torch iterator's own count (:func:`lightning_loadguard._torch.batches_yielded`); an iterator of another
+    kind counts itself in ``yielded``; otherwise ``None``.
     """
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    if isinstance(iterator, _BaseDataLoaderIter):
-        return int(iterator._num_yielded)
+    count = _torch.batches_yielded(iterator)
+    if count is not None:
+        return count
     count = getattr(iterator, "yielded", None)
     return int(count) if isinstance(count, int) else None
 
@@ -327,23 +325,10 @@ def watch_worker_deaths(iterator: object, watch: bool) -> bool:
     report off, the death surfaces inside ``next()`` instead, at torch's next status check (within
     ``MP_STATUS_CHECK_INTERVAL`` seconds), where a caller can restart the loader. Returns whether it changed.
     """
-    from torch.utils.data._utils import signal_handling
-
-    workers = getattr(iterator, "_workers", None)
-    if not workers or getattr(iterator, "_shutdown", True):
-        return False
     try:
-        if not watch and iterator._worker_pids_set:  # type: ignore[attr-defined]
-            signal_handling._remove_worker_pids(id(iterator))
-            iterator._worker_pids_set = False  # type: ignore[attr-defined]
-            return True
-        if watch and not iterator._worker_pids_set:  # type: ignore[attr-defined]
-            signal_handling._set_worker_pids(id(iterator), tuple(w.pid for w in workers))
-            iterator._worker_pids_set = True  # type: ignore[attr-defined]
-            return True
+        return _torch.watch_worker_deaths(iterator, watch)
     except (AttributeError, RuntimeError, ValueError):  # another torch: keep its behaviour
         return False
-    return False
 
 
 def validate_settings(settings: dict[str, Any]) -> None:
@@ -366,10 +351,10 @@ def apply_settings(loader: DataLoader, **settings: Any) -> None:
     iterator would keep the old value; with the cached iterator gone, setting it is consistent.
     """
     validate_settings(settings)
-    cached = getattr(loader, "_iterator", None)
+    cached = _torch.cached_iterator(loader)
     if cached is not None:
         shutdown(cached)
-        loader._iterator = None
+        _torch.cache_iterator(loader, None)
     if "num_workers" in settings:
         loader.num_workers = settings["num_workers"]
     if loader.num_workers > 0:
@@ -448,14 +433,14 @@ def restart_iterator(
     try:
         # _get_iterator, not iter(): the caller owns this mid-epoch iterator; a persistent loader caches
         # it below so the next epoch reuses its workers as usual.
-        iterator = loader._get_iterator()
+        iterator = _torch.new_iterator(loader)
     finally:
         if generator is not None:
             generator.set_state(state)
         else:
             torch.set_rng_state(state)
     if loader.persistent_workers and loader.num_workers > 0:
-        loader._iterator = iterator
+        _torch.cache_iterator(loader, iterator)
     return iterator
 
 
@@ -498,8 +483,8 @@ class RandomDrawWatch:
     @classmethod
     def install(cls, iterator: object) -> RandomDrawWatch | None:
         """Watch the fetches of an in-process torch iterator; ``None`` for any other iterator."""
-        fetcher = getattr(iterator, "_dataset_fetcher", None)
-        if fetcher is None or getattr(iterator, "_num_workers", 0):
+        fetcher = _torch.in_process_fetcher(iterator)
+        if fetcher is None:
             return None
         watch = cls()
         fetch = fetcher.fetch
