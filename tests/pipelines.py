@@ -147,6 +147,11 @@ class Observed:
     period_s: tuple[float, ...]  # per step: from the end of the previous step to the end of this one
     production_wait_s: tuple[float, ...]  # per step: the part of the fetch before the batch's last sample was made
     made_before_asked: tuple[bool, ...]  # per step: the batch was finished before the loop wanted it
+    # Per step: the batch was finished before its fetch began (on Lightning's profiler clock and the module's:
+    # the fetch began no earlier than the batch's arrival less the fetch's length). Where the loop waits for a
+    # core between a step's end and the next fetch (a busy host), batches finish in between: ready at the fetch,
+    # which is where readiness is judged.
+    made_before_fetched: tuple[bool, ...] | None = None
 
     @property
     def wait_fraction(self) -> float:
@@ -169,7 +174,8 @@ class Observed:
 
     @property
     def ready_fraction(self) -> float:
-        return sum(self.made_before_asked) / len(self.made_before_asked)
+        ready = self.made_before_asked if self.made_before_fetched is None else self.made_before_fetched
+        return sum(ready) / len(ready)
 
     @classmethod
     def of(cls, module: ClockedModule, num_workers: int, window: int) -> Observed:
@@ -190,6 +196,7 @@ class Observed:
                 max(0.0, s.made_to - (s.received - fetch)) for s, fetch in zip(last, fetches, strict=True)
             ),
             made_before_asked=tuple(s.made_to <= s.asked for s in last),  # type: ignore[operator]
+            made_before_fetched=tuple(s.made_to <= s.received - fetch for s, fetch in zip(last, fetches, strict=True)),
         )
 
 
