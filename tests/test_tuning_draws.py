@@ -68,7 +68,7 @@ class Records(TimedModule):
         return super().training_step(batch, batch_idx)
 
 
-def scripted_window(self: TuningSession, port: Any, start: Any) -> tuple[WindowSnapshot, None]:
+def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapshot:
     """The window a setting measures where one worker makes a batch in 12 ms against a 4 ms step."""
     assert self._planner is not None
     setting = self._planner.current
@@ -83,7 +83,7 @@ def scripted_window(self: TuningSession, port: Any, start: Any) -> tuple[WindowS
         host=HostFacts(cpu_count=8),
         batches_made=steps,
     )
-    return window, None
+    return window
 
 
 @pytest.fixture

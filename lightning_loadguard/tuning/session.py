@@ -590,6 +590,12 @@ class TuningSession:
         steps = self._window_steps
         return WindowRanks(steps=steps, production=max(2 * steps, PROFILE_LENGTH))
 
+    def _measured(self, port: TrainerPort, start: WindowMark | None) -> WindowSnapshot:
+        """This rank's window since ``start``."""
+        if start is None:
+            raise RuntimeError("the window's start was not marked")
+        return self.monitor.snapshot(since=start).device_view()
+
     def _gathered_window(
         self, port: TrainerPort, start: WindowMark | None
     ) -> tuple[WindowSnapshot, list[list[float]] | None]:
@@ -604,9 +610,7 @@ class TuningSession:
             what, error = self._broken
         else:
             try:
-                if start is None:
-                    raise RuntimeError("the window's start was not marked")
-                local = self.monitor.snapshot(since=start).device_view()
+                local = self._measured(port, start)
             except Exception as err:
                 error = err
         if port.world_size <= 1:
