@@ -509,18 +509,26 @@ def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
             batches == 0
             and not saved_in_batch_end
             and int(in_batch["processed"]) > 0
-            and int(now["ready"]) == int(now["started"]) == processed == epoch
+            and processed == epoch
+            and int(now["ready"]) <= processed
+            and int(now["started"]) <= processed
             and int(now["completed"]) in (epoch - 1, epoch)
         )
         if ended:
             # Saved at the end of the epoch before the loader's (ModelCheckpoint in on_train_epoch_end, or
-            # trainer.save_checkpoint after a fit that max_epochs ended): the batch counters still hold that
-            # epoch's. A fit with max_steps restarts the epoch loop from them and trains "batch N" of the next
-            # epoch (Lightning 2.5-2.6, checked on 2.6.6); an uninterrupted process starts it at batch 0.
+            # trainer.save_checkpoint after a fit that max_epochs ended), possibly in a process whose ready and
+            # started counters lag (above): the batch counters still hold that epoch's. A fit with max_steps
+            # restarts the epoch loop from them and trains "batch N" of the next epoch (Lightning 2.5-2.6,
+            # checked on 2.6.6); an uninterrupted process starts it at batch 0.
             for part in ("current", "total"):
-                epochs[part]["completed"] = epochs[part]["processed"]
+                counts = epochs[part]
+                counts["ready"] = counts["started"] = counts["completed"] = counts["processed"]
+            # The epoch's batches are all done: none is in flight, whatever a resume in the process that saved
+            # left in the totals (a completed count one behind makes Lightning finish a batch again).
+            total = batch_progress["total"]
             for name in _PROGRESS_FIELDS:
                 in_batch[name] = 0
+                total[name] = total["processed"]
             batch_progress["is_last_batch"] = False
             return
         for part in ("current", "total"):

@@ -128,6 +128,14 @@ FROM_DATASETS = {"shape": "from_datasets", "n": 10, "batch_size": 3, "validate":
 FROM_DATASETS["stops"] = [("kill", 0.5, 1), ("max_epochs", 0.7, 1)]
 AFTER_LIGHTNING = {"shape": "mixin_after_lightning", "loader": "dict", "n": 9, "batch_size": 2}
 AFTER_LIGHTNING.update(final=("max_steps", 12), stops=[("kill", 0.3, 0), ("max_steps", 0.6, 0)])
+# Killed on epoch 0's last batch; the resumed process (whose epoch counters lag) ends by max_epochs and saves after
+# fit; a larger max_steps continues from there.
+LAST_BATCH_THEN_MAX_EPOCHS = {"shape": "plain", "n": 4, "batch_size": 1, "final": ("max_steps", 19)}
+LAST_BATCH_THEN_MAX_EPOCHS["stops"] = [("kill", 0.236, 0), ("max_epochs", 0.94, 0)]
+# A truncated epoch's epoch-end checkpoint, finished and killed on its last batch, then max_epochs with the epoch-end
+# checkpoint (its batch totals one behind), then a larger max_steps.
+CHAINED_EPOCH_ENDS = {"shape": "plain", "n": 7, "batch_size": 4, "final": ("max_steps", 6)}
+CHAINED_EPOCH_ENDS["stops"] = [("max_steps", 0.0, 2), ("kill", 0.26, 0), ("max_epochs", 0.56, 1)]
 DEFAULTS = {"loader": "default", "validate": False, "lightning_checkpoints": False}
 
 
@@ -139,6 +147,8 @@ DEFAULTS = {"loader": "default", "validate": False, "lightning_checkpoints": Fal
 @example(**{**DEFAULTS, **AFTER_FIT})
 @example(**{**DEFAULTS, **FROM_DATASETS})
 @example(**{**DEFAULTS, **AFTER_LIGHTNING})
+@example(**{**DEFAULTS, **LAST_BATCH_THEN_MAX_EPOCHS})
+@example(**{**DEFAULTS, **CHAINED_EPOCH_ENDS})
 def test_every_shape_and_run_end_resumes_exactly_or_refuses(tmp_path: Path, **params: Any) -> None:
     _check(**params, tmp=tmp_path)
 
