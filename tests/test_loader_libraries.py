@@ -211,7 +211,13 @@ def chains(files: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return results
 
 
-@pytest.mark.parametrize("name", [s["name"] for s in RESUME_SCENARIOS])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(s["name"], marks=pytest.mark.skipif(not installed(s["case"]["sampler"]), reason="not installed"))
+        for s in RESUME_SCENARIOS
+    ],
+)
 def test_resume(name: str, chains: dict[str, Any]) -> None:
     result = chains[name]
     assert result["ended"] == ["exit 0", "SIGKILL", "exit 0"], chains["_stderr"][-3000:]
