@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+from loader_libraries import installed
 from programs import run_program
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -18,6 +20,7 @@ def _run(name: str, *args: str, cwd: Path) -> str:
 
 def test_every_example_is_tested() -> None:
     tested = {"quick_start.py", "image_pipeline.py", "ddp.py", "auto_tune.py", "exact_resume.py"}
+    tested |= {"hf_datasets_loader.py", "webdataset_loader.py", "litdata_loader.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -57,3 +60,31 @@ def test_exact_resume_loses_nothing_with_the_mixin(tmp_path: Path) -> None:
     naive, mixin = out.split(" naive:")[1].split(" mixin:")
     assert "lost: none" not in naive
     assert "lost: none" in mixin and "seen twice: none" in mixin
+
+
+def _needs(library: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not installed(library), reason=f"{library} is not installed (the loaders extra)")
+
+
+def _loader_example(out: str) -> None:
+    assert "verdict: producer_deficit" in out, out
+    assert "every sample exactly once in each of 2 epochs: True" in out, out
+
+
+@_needs("hf_stream")
+def test_hugging_face_streaming_example(tmp_path: Path) -> None:
+    _loader_example(_run("hf_datasets_loader.py", "--streaming", "--samples", "128", cwd=tmp_path))
+
+
+@_needs("webdataset")
+def test_webdataset_example_keeps_the_workers_and_says_why(tmp_path: Path) -> None:
+    out = _run("webdataset_loader.py", "--samples", "256", cwd=tmp_path)
+    _loader_example(out)
+    assert "(model_only): the train loader reads a WebDataset pipeline" in out
+
+
+@_needs("litdata")
+def test_litdata_example_keeps_the_workers_and_says_why(tmp_path: Path) -> None:
+    out = _run("litdata_loader.py", "--samples", "256", cwd=tmp_path)
+    _loader_example(out)
+    assert "(model_only): the train loader reads a litdata" in out
