@@ -173,3 +173,15 @@ def test_every_row_of_the_resume_table_names_tests_that_exist() -> None:
                 known = {a or b for a, b in defined}
                 assert any(fnmatch(k, function) for k in known), f"resume.md names {name}, not found ({setup})"
     assert untested == _RESUME_ROWS_WITHOUT_A_TEST
+
+
+def test_the_loaders_table_names_tests_that_exist() -> None:
+    """Each cell of docs/loaders.md names the test that checks it: every name there is a test of that file."""
+    tests = (DOCS.parent / "tests" / "test_loader_libraries.py").read_text()
+    rows = [line for line in _text("loaders.md").splitlines() if line.startswith("| ") and "`" in line]
+    names = {n.split("[")[0] for row in rows for n in re.findall(r"`([a-z_]+(?:\[[a-z_]+\])?)`", row)}
+    named = {n for n in names if f"def test_{n}(" in tests}
+    assert len(named) >= 10, named
+    words = {"with_format", "split_by_worker", "state_dict", "num_workers"}
+    unknown = {n for n in names - named if "_" in n and n not in words}
+    assert not unknown, f"docs/loaders.md names tests that do not exist: {sorted(unknown)}"

