@@ -25,7 +25,7 @@ from lightning_loadguard.meters.monitor import LoaderMonitor
 from lightning_loadguard.meters.ranks import figure_row, figures_by_name, logging_pace, rank_figures, summarise
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
-from lightning_loadguard.model.diagnosis import diagnose
+from lightning_loadguard.model.diagnosis import UNKNOWN_REACH, TunerReach, diagnose
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.model.stable import StableDiagnosis
 from lightning_loadguard.report import format_summary, plain_text
@@ -206,6 +206,7 @@ class LoadGuard(_pl.Callback):
         self._history: deque[tuple[int, WindowSnapshot]] = deque(maxlen=5)
         self._stable = StableDiagnosis()
         self._unlogged_change = False
+        self._reach: tuple[Any, TunerReach] | None = None  # the tuner's reach for the loaders it was asked for
         self._node_forecast: Forecast | None = None  # the node's every device, where it has more than the run uses
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -639,12 +640,35 @@ class LoadGuard(_pl.Callback):
         now = self._monitor.total_steps
         earlier = tuple(past for steps, past in self._history if now - steps >= self.window)
         # What is reported changes only when a new verdict holds over several windows (hysteresis).
-        raw = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch)
+        reach = self._guarded("asking what the auto-tuner would do", self._tuner_reach, trainer, steps_per_epoch)
+        raw = diagnose(snapshot, earlier, steps_per_epoch=steps_per_epoch, tuner=reach or UNKNOWN_REACH)
         self.diagnosis = self._stable.update(raw, settled=snapshot.steps >= self.window, closing=closing)
         self._unlogged_change = self._unlogged_change or self._stable.changed
         if not self._history or now - self._history[-1][0] >= self.window:
             stripped = replace(snapshot, production_s=(), production_cpu_s=(), production_queued_s=())
             self._history.append((now, stripped))
+
+    def _tuner_reach(self, trainer: Any, steps_per_epoch: int | None) -> TunerReach:
+        """Whether ``auto_tune=True`` would probe worker counts for this fit's train loader: this fit's tuner where
+        it started, else the checks it makes before probing (the fix text offers it only where it would)."""
+        if self._tuner is not None:
+            reach = self._tuner.session.reach()
+            if reach is not None:
+                return reach
+        from lightning_loadguard.tuning.session import tuner_reach
+
+        loaders = _pl.train_loaders(trainer)
+        key = (tuple(map(id, loaders)), steps_per_epoch)
+        if self._reach is None or self._reach[0] != key:
+            assert self.snapshot is not None
+            options = self._tuner.options if self._tuner is not None else None
+            max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+            found = tuner_reach(
+                loaders, self.snapshot, epoch_steps=steps_per_epoch, max_epochs=max_epochs,
+                devices_on_host=int(trainer.num_devices or 1), options=options,
+            )
+            self._reach = (key, found)
+        return self._reach[1]
 
     def _mark_switch(self, trainer: Any, before: LoaderSettings) -> None:
         """A text marker at the step where the loader's settings changed (TensorBoard's Text tab)."""
@@ -694,6 +718,7 @@ class LoadGuard(_pl.Callback):
             total_busy_s=monitor.total_busy_s,
             epoch_start_s=monitor.epoch_start_s,
             notes=sorted(self._said),
+            stated=_stated_figures(self.diagnosis),
         )
         if self.diagnosis is not None:
             text += "\n\n" + plain_text(self.diagnosis.to_text())
@@ -782,3 +807,14 @@ class LoadGuard(_pl.Callback):
         devices = _pl.node_device_count(trainer)
         if devices is not None and devices > facts.ranks_per_node:
             self._node_forecast = forecast(facts, WhatIf(ranks_per_node=devices))
+
+
+def _stated_figures(diagnosis: Diagnosis | None) -> dict[str, float]:
+    """The rates and wait the diagnosis states (its dominant finding's first), for the summary to print the same."""
+    stated: dict[str, float] = {}
+    for finding in reversed(diagnosis.findings if diagnosis is not None else ()):
+        for name in ("consumer_rate", "producer_rate", "wait_fraction"):
+            value = finding.evidence.get(name)
+            if isinstance(value, float) and math.isfinite(value):
+                stated[name] = value
+    return stated

@@ -191,24 +191,39 @@ def format_summary(
     total_busy_s: float,
     epoch_start_s: Sequence[float],
     notes: Sequence[str] = (),
+    stated: dict[str, float] | None = None,
 ) -> str:
-    """The end-of-fit summary: the latest window, the whole run, and what could not be measured."""
+    """The end-of-fit summary: the latest window, the whole run, and what could not be measured.
+
+    ``stated``: the figures the diagnosis printed beside it states (``consumer_rate``, ``producer_rate``,
+    ``wait_fraction``), shown in their place, so that one quantity reads one figure under one name.
+    """
     loop_s = total_wait_s + total_step_s
     workers = max(1, settings.num_workers)
     run_capacity = workers * total_batches_made / total_busy_s if total_busy_s > 0 else None
-    get = metrics.get
+    stated = stated or {}
+    said = "as diagnosed" if stated else "last window"
+
+    def get(name: str) -> float | None:
+        value = stated.get(name.removeprefix("loadguard/"))
+        return value if value is not None else metrics.get(name)
+
+    alone = get("loadguard/consumer_rate")
+    wait = get("loadguard/wait_fraction")
+    producer = get("loadguard/producer_rate")
     rows = [
         ("loader", f"num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
          f"persistent_workers={settings.persistent_workers}, pin_memory={settings.pin_memory}"),
         ("steps measured", str(total_steps)),
-        ("wait fraction (run)", _fmt(total_wait_s / loop_s if loop_s > 0 else None, "", 3)),
-        ("wait fraction (last window)", _fmt(get("loadguard/wait_fraction"), "", 3)),
+        ("the loop waits for data (whole run)",
+         f"{total_wait_s / loop_s:.1%} of its time" if loop_s > 0 else "not measured"),
+        (f"the loop waits for data ({said})", f"{wait:.1%} of its time" if wait is not None else "not measured"),
         ("data wait per step", _fmt(get("loadguard/data_wait_ms"), " ms")),
-        ("rest of step", _fmt(get("loadguard/step_ms"), " ms")),
-        ("throughput", _fmt(get("loadguard/throughput"), " batches/s")),
-        ("consumer rate (never waiting)", _fmt(get("loadguard/consumer_rate"), " batches/s")),
-        ("producer capacity", _fmt(get("loadguard/producer_rate"), " batches/s")),
-        ("producer capacity (run)", _fmt(run_capacity, " batches/s")),
+        ("throughput", _fmt(get("loadguard/throughput"), " steps/s")),
+        (f"the step alone, never waiting ({said})",
+         f"{alone:.3g} steps/s ({1e3 / alone:.3g} ms a step)" if alone else "not measured"),
+        (f"the loader can make ({said})", f"{producer:.3g} batches/s" if producer is not None else "not measured"),
+        ("the loader can make (whole run)", _fmt(run_capacity, " batches/s")),
         ("batch ready at fetch", _fmt(get("loadguard/ready_fraction"), "", 2)),
         ("epoch start-up", _fmt(max(epoch_start_s) * 1e3 if epoch_start_s else None, " ms (slowest)")),
         ("host: training processes", _fmt(get("loadguard/host_processes"), "", 0)),

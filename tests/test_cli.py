@@ -40,7 +40,7 @@ def test_demo_shows_the_deficit_and_its_fix(tmp_path: Path, capsys: pytest.Captu
     # short sleeps more than the step's one, and the count follows what was measured.
     fix = re.search(r"num_workers=(\d+) \(now 0\)", out)
     assert fix is not None and int(fix.group(1)) >= 1, out
-    assert "wait fraction (run)" in out
+    assert "the loop waits for data (whole run)" in out
     assert f"tensorboard --logdir {tmp_path}" in out
     assert list(tmp_path.glob("demo/version_0/events.out.tfevents*"))
     # The run it wrote reads back: the waits of a loader that makes its batches in the training process.

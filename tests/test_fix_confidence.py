@@ -13,6 +13,7 @@ from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
 from lightning_loadguard.model import diagnose
 from lightning_loadguard.model.contention import check_cores
+from lightning_loadguard.model.diagnosis import TunerReach
 from lightning_loadguard.synthetic import timed_loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -44,7 +45,7 @@ def test_a_step_computing_on_both_cores_makes_more_workers_a_hypothesis() -> Non
     # 30 ms of JPEG decoding in the loop, then a 30 ms step whose torch threads use both cores: at 16.7
     # steps/s the loop used (0.03 + 2 x 0.03) x 16.7 = 1.5 cores.
     snap = _in_process(0.030, 0.030, 0.030, _use(loop=1.5, busy=1.5))
-    d = diagnose(snap)
+    d = diagnose(snap, tuner=TunerReach(True))
     assert d.verdict == "producer_deficit"
     # The budget predicts no core for a worker beside the loop's 1.5: no count is asserted as certain.
     assert d.recommended.get("num_workers", 0) <= 1
@@ -52,6 +53,9 @@ def test_a_step_computing_on_both_cores_makes_more_workers_a_hypothesis() -> Non
     fix = d.findings[0].fix
     assert "compete for the same cores" in fix and "auto_tune=True" in fix
     assert "fix (a hypothesis on this host)" in d.to_text()
+    # Where the tuner would not measure this loader, the fix says how to verify it by hand, and why.
+    by_hand = diagnose(snap, tuner=TunerReach(False, "the train loader reads an IterableDataset")).findings[0].fix
+    assert "auto_tune=True" not in by_hand and "side by side" in by_hand and "IterableDataset" in by_hand
 
 
 def test_a_waiting_step_leaves_the_cores_to_the_workers_and_the_fix_is_certain() -> None:
@@ -108,7 +112,9 @@ def test_the_reported_case_jpeg_decoding_and_a_cnn_on_the_cpu(tmp_path: Path) ->
     # verify it.
     fix = d.findings[0].fix
     assert all(f"{key}={value}" in fix for key, value in d.recommended.items()), fix
-    assert d.certain or "auto_tune=True" in fix, fix
+    assert d.certain or "side by side" in fix, fix
+    # One epoch of 72 steps holds no probe: the tuner would decline, and the fix does not send the user to it.
+    assert "auto_tune=True" not in fix, fix
 
 
 def test_workers_waiting_on_io_need_no_core_even_on_a_busy_host() -> None:

@@ -104,7 +104,7 @@ def test_without_a_logger_it_measures_and_prints_a_summary(capsys: pytest.Captur
     _trainer(guard).fit(TimedModule(step_s=0.001), timed_loader(TimedDataset(64, sample_s=0.001), batch_size=4))
     printed = capsys.readouterr().out
     assert "LoadGuard after the first epoch" in printed
-    assert "LoadGuard summary" in printed and "producer capacity" in printed
+    assert "LoadGuard summary" in printed and "the loader can make" in printed
     # In-process production (4 ms a batch), cheap step (1 ms). Where it fails, the window's steps say where the time
     # went (the wait, or a step that held something slow).
     assert guard.snapshot is not None

@@ -427,7 +427,7 @@ def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkey
         )
         return window, None
 
-    monkeypatch.setattr(session_module.TuningSession, "_measured", alike)
+    monkeypatch.setattr(session_module.TuningSession, "_gathered_window", alike)
     options = replace(FAST, tune_persistent_workers=True, persistent_min_share=0.0)
     _, guard, trainer = fit(io_bound(), options)
     decision = guard.decision

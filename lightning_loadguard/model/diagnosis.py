@@ -21,8 +21,11 @@ from lightning_loadguard.model.buffer import steady_state_wait
 from lightning_loadguard.model.contention import CoreCheck
 from lightning_loadguard.model.drain import DrainAlarm, drain_from_levels, drain_from_rates
 from lightning_loadguard.model.findings import VERDICTS, Diagnosis, Evidence, Finding, _plural
+from lightning_loadguard.model.noise import BLOCK_STEPS as _BLOCK
+from lightning_loadguard.model.noise import block_rates, comparison_noise, relative_error
 
 __all__ = [
+    "CERTAIN_GAIN",
     "EPOCH_START_SHARE",
     "MAX_EXTRA_WORKERS",
     "PACED_STEP_SHARE",
@@ -31,6 +34,7 @@ __all__ = [
     "WAIT_OK",
     "Diagnosis",
     "Finding",
+    "TunerReach",
     "diagnose",
 ]
 
@@ -57,6 +61,35 @@ producer is not instrumented: a loop that waits on most steps runs at the produc
 MAX_EXTRA_WORKERS = 8
 """Most workers beyond the current count tried in replays when depth alone cannot absorb bursts."""
 
+CERTAIN_GAIN = 0.05
+"""Least gain (relative steps/s) a worker or depth fix must be predicted to bring, and by more than the noise of
+the windows it rests on, before LoadGuard states it as certain: the tuner keeps the user's settings below its
+default ``min_gain`` (0.05) or within the windows' noise, and the advice says no more than a measurement could."""
+
+
+@dataclass(frozen=True)
+class TunerReach:
+    """Whether ``LoadGuard(auto_tune=True)`` would measure another ``num_workers`` for this run's train loader.
+
+    A fix that is a hypothesis says how to verify it; it offers the tuner only where the tuner would act.
+
+    Attributes:
+        acts: the tuner would probe worker counts for this loader (in this run, or in a run that adds it).
+        reason: why it would not, in words, where it would not (``""``: not known, e.g. a window diagnosed
+            without a trainer).
+
+    Example:
+        >>> TunerReach(False, "the train loader reads an IterableDataset").acts
+        False
+    """
+
+    acts: bool
+    reason: str = ""
+
+
+UNKNOWN_REACH = TunerReach(False)
+"""The tuner's reach where nothing says what it would do: the fix text then does not offer it."""
+
 _WAITED = 0.01  # a wait shorter than 1 % of a step is timer noise, not a wait for the producer
 _BUDGET_NAMES = {"ram_share": "available RAM", "shm_share": "free /dev/shm"}
 _LOSSES = frozenset(
@@ -69,6 +102,7 @@ def diagnose(
     history: Sequence[WindowSnapshot] = (),
     *,
     steps_per_epoch: int | None = None,
+    tuner: TunerReach = UNKNOWN_REACH,
 ) -> Diagnosis:
     """Name the constraint that limits the training loop's data path, with evidence and fixes.
 
@@ -79,6 +113,8 @@ def diagnose(
         steps_per_epoch: training batches per epoch, to weigh the iterator start-up against an epoch;
             without it the window stands in for the epoch (which overstates the start-up's share when
             the window is shorter than an epoch).
+        tuner: whether ``LoadGuard(auto_tune=True)`` would measure worker counts for this loader; a fix that
+            is a hypothesis offers the tuner to verify it only where it would (see :class:`TunerReach`).
 
     Returns:
         A :class:`Diagnosis` whose ``verdict`` is the most severe finding's (``compute_bound`` when
@@ -104,7 +140,7 @@ def diagnose(
     if not snapshot.step_s:
         raise ValueError("snapshot.step_s must hold at least one step")
     loop = _loop_overhead(snapshot)
-    facts = _gather(snapshot.device_view(), [h.device_view() for h in history])
+    facts = _gather(snapshot.device_view(), [h.device_view() for h in history], tuner)
     findings = [
         f
         for rule in (_deficit, _bursty, _transfer, _straggler, _oversubscribed, _memory)
@@ -139,6 +175,8 @@ class _Facts:
     ready_wait_fraction: float  # loop share waited on fetches whose batch was already there, less core waits
     ready_core_wait_fraction: float  # loop share those fetches spent waiting for a core (the host's contention)
     draining: DrainAlarm | None
+    rate_noise: float  # relative difference two measurements of these settings cannot tell from noise
+    tuner: TunerReach
 
     @property
     def headroom(self) -> float | None:
@@ -149,8 +187,13 @@ class _Facts:
         return fmean(self.step_s)
 
 
-def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
+def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot], tuner: TunerReach) -> _Facts:
     same = [h for h in history if h.settings == snap.settings] + [snap]
+    # The windows' own spread, blocks of every window of these settings pooled: a drifting, busy host spreads
+    # them both within a window and between windows. Noise of a comparison of two measurements alike.
+    error = relative_error(
+        list(chain.from_iterable(block_rates([w + s for w, s in zip(h.wait_s, h.step_s, strict=False)]) for h in same))
+    )
     production = tuple(chain.from_iterable(h.production_s for h in same))
     steps = tuple(chain.from_iterable(h.step_s for h in same))
     workers = max(0, snap.settings.num_workers)
@@ -184,6 +227,8 @@ def _gather(snap: WindowSnapshot, history: Sequence[WindowSnapshot]) -> _Facts:
         ready_wait_fraction=(ready_wait - core_wait) / loop if loop > 0 else 0.0,
         ready_core_wait_fraction=core_wait / loop if loop > 0 else 0.0,
         draining=draining,
+        rate_noise=comparison_noise(error, error),
+        tuner=tuner,
     )
 
 
@@ -231,28 +276,57 @@ def _core_check(facts: _Facts) -> CoreCheck | None:
     return hb.snapshot_cores(facts.snap, target_rate=facts.consumer_rate)
 
 
-def _more_workers_certain(facts: _Facts) -> tuple[bool, str]:
-    """Whether more workers are a fix LoadGuard stands behind here, and if not, the sentence saying why."""
+def _more_workers_certain(facts: _Facts, target_rate: float | None = None) -> tuple[bool, str]:
+    """Whether more workers are a fix LoadGuard stands behind here, and if not, the sentence saying why.
+
+    ``target_rate``: the steps/s the fix aims for (default: the step's own rate, the wait removed).
+    """
     check = _core_check(facts)
+    target = facts.consumer_rate if target_rate is None else target_rate
     if check is None:
         return False, (
-            " The host's CPU use was not measured, so whether the cores carry more workers is a prediction: "
-            "LoadGuard(auto_tune=True) measures it."
+            " The host's CPU use was not measured, so whether the cores carry more workers is a prediction. "
+            + _verify(facts)
         )
     if check.fits:
-        return True, ""
+        return _beats_noise(facts, target)
     if check.sustainable_rate <= facts.snap.throughput * (1 + CORES_NO_GAIN):
         return False, (
             f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}; "
             f"the cores carry about {check.sustainable_rate:.3g} steps/s, no more than the "
             f"{facts.snap.throughput:.3g} measured now, so more workers may well make the step slower. "
-            "LoadGuard(auto_tune=True) measures it and keeps your settings unless a candidate is faster."
+            + _verify(facts)
         )
     return False, (
         f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}. "
-        "Fewer workers may be the most this host gives; LoadGuard(auto_tune=True) measures each count and keeps "
-        "the fastest."
+        "Fewer workers may be the most this host gives. " + _verify(facts)
     )
+
+
+def _beats_noise(facts: _Facts, target_rate: float) -> tuple[bool, str]:
+    """Whether the gain a fix aims for beats ``CERTAIN_GAIN`` and the noise of the windows it rests on (the
+    comparison the tuner makes before it replaces a setting), and if not, the sentence saying why."""
+    now = facts.snap.throughput
+    gain = target_rate / now - 1.0 if now > 0 else math.inf
+    if gain >= max(CERTAIN_GAIN, facts.rate_noise):
+        return True, ""
+    if facts.rate_noise > CERTAIN_GAIN:
+        why = (
+            f"the windows it rests on are noisy: two measurements of these same settings may differ by "
+            f"{facts.rate_noise:.0%} (twice the standard error of two, from the spread of their "
+            f"{_plural(_BLOCK, 'step')} blocks), more than the {gain:.0%} the fix aims to gain"
+        )
+    else:
+        why = f"the fix aims to gain {gain:.0%}, less than the {CERTAIN_GAIN:.0%} a measurement is asked to show"
+    return False, f" A hypothesis on this host: {why}. " + _verify(facts)
+
+
+def _verify(facts: _Facts) -> str:
+    """How to verify a worker fix: the tuner where it would measure this loader, else by hand."""
+    if facts.tuner.acts:
+        return "LoadGuard(auto_tune=True) measures it and keeps your settings unless a candidate is faster."
+    why = f" (the auto-tuner does not: {facts.tuner.reason})" if facts.tuner.reason else ""
+    return f"Measure it before relying on it: a few hundred steps with each setting, side by side{why}."
 
 
 def _worker_time(facts: _Facts) -> float:
@@ -362,6 +436,8 @@ def _bursty(facts: _Facts) -> Finding | None:
             f"batches in flight): replaying the measured times expects {advice.expected_wait_s * 1e3:.3g} ms "
             f"wait per step ({advice.expected_wait_fraction:.1%} of loop time)."
         )
+        certain, caveat = _beats_noise(facts, 1.0 / (facts.mean_step_s + advice.expected_wait_s))
+        fix += caveat
     else:
         workers = _workers_for_bursts(facts)
         if workers is None:
@@ -377,7 +453,7 @@ def _bursty(facts: _Facts) -> Finding | None:
                 f"{advice.expected_wait_fraction:.1%} wait; with more workers the replay expects "
                 f"{extra.expected_wait_fraction:.1%}."
             )
-            certain, caveat = _more_workers_certain(facts)
+            certain, caveat = _more_workers_certain(facts, 1.0 / (facts.mean_step_s + extra.expected_wait_s))
             fix += caveat
     note = _memory_note(facts, evidence)
     if note and "recommended_prefetch_factor" in evidence and "max_batches_in_flight" in evidence:

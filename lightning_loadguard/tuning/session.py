@@ -22,6 +22,7 @@ from lightning_loadguard.meters.ranks import WindowRanks
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget, snapshot_budget
+from lightning_loadguard.model.diagnosis import TunerReach
 from lightning_loadguard.position.switch import (
     OrderTap,
     RandomDrawWatch,
@@ -41,7 +42,7 @@ from lightning_loadguard.tuning.options import TuneOptions, options_to_start
 from lightning_loadguard.tuning.planner import PROFILE_LENGTH, Planner, model_only_decision
 from lightning_loadguard.tuning.sharding import worker_sharding
 
-__all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner_budget"]
+__all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner_budget", "tuner_reach"]
 
 T = TypeVar("T")
 
@@ -188,6 +189,73 @@ def tuner_budget(window: WindowSnapshot, options: TuneOptions, devices_on_host: 
     )
 
 
+def _loaders_declined(loaders: list[Any]) -> str | None:
+    """Why the tuner cannot tune these train loaders at all, or ``None``."""
+    if len(loaders) != 1:
+        return f"the trainer iterates {len(loaders)} train loaders at once"
+    loader = loaders[0]
+    if not isinstance(loader, DataLoader):
+        return f"the train loader is a {type(loader).__name__}, not a torch DataLoader"
+    if isinstance(loader.dataset, IterableDataset) and loader.num_workers == 0:
+        sharding = worker_sharding(loader.dataset)
+        if sharding is not None:
+            return (
+                f"the train loader reads {sharding}, in the main process; workers would change each epoch's "
+                "order (which worker reads which shard, interleaved batch by batch) and without them no "
+                "buffer exists to deepen. Set num_workers yourself (the order then follows it) and the "
+                "prefetch depth can be tuned"
+            )
+        return (
+            "the train loader reads an IterableDataset in the main process; more workers would each replay an "
+            "unsharded dataset (duplicate samples) and no buffer exists to deepen"
+        )
+    return None
+
+
+def tuner_reach(
+    loaders: list[Any],
+    window: WindowSnapshot,
+    *,
+    epoch_steps: int | None,
+    max_epochs: int | None,
+    devices_on_host: int = 1,
+    options: TuneOptions | None = None,
+) -> TunerReach:
+    """Whether ``LoadGuard(auto_tune=options)`` would probe worker counts for these train loaders, in a fit that
+    starts in epoch 0: the checks the tuner itself makes before it probes (the loaders' kind, the epoch's room
+    for a candidate), from the same functions.
+
+    Example:
+        >>> from lightning_loadguard.meters.window import HostFacts
+        >>> window = WindowSnapshot(wait_s=(0.01,), step_s=(0.01,), host=HostFacts(cpu_count=4))
+        >>> loader = DataLoader(list(range(4000)), batch_size=4)
+        >>> tuner_reach([loader], window, epoch_steps=1000, max_epochs=None).acts
+        True
+        >>> tuner_reach([loader], window, epoch_steps=10, max_epochs=1).reason
+        'epochs of 10 steps leave no room to measure your settings and one candidate (max_epochs=1)'
+    """
+    options = options or TuneOptions()
+    reason = _loaders_declined(loaders)
+    if reason is not None:
+        return TunerReach(False, reason)
+    loader = loaders[0]
+    if isinstance(loader.dataset, IterableDataset) or epoch_steps is None:
+        return TunerReach(
+            False, "the train loader reads an IterableDataset: its num_workers is never changed, only its prefetch"
+        )
+    budget = tuner_budget(window, options, devices_on_host)
+    original = settings_of(loader)
+
+    def planner(span: int) -> Planner:
+        return Planner(original, budget, options, epoch_steps, span_epochs=span)
+
+    if not _spanning_planner(planner, _span_choices(max_epochs)).can_start():
+        cap = f" (max_epochs={max_epochs})" if max_epochs is not None else ""
+        return TunerReach(False, f"epochs of {epoch_steps} steps leave no room to measure your settings and one "
+                                 f"candidate{cap}")
+    return TunerReach(True)
+
+
 class _ProbeIterator:
     """The iterator the trainer fetches from while settings are probed; reverts when a probe fails.
 
@@ -260,6 +328,7 @@ class TuningSession:
         self._stand_ins: list[DataLoader] = []  # loaders given stand-ins for the fit (undone in teardown)
         self._draws: RandomDrawWatch | None = None
         self._order_note: str | None = None  # said once, when loading first moves into workers
+        self._declined: str | None = None  # why this fit's tuner does not probe worker counts
         self._broken: tuple[str, BaseException] | None = None  # a step of this rank failed (see _together)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -287,8 +356,10 @@ class TuningSession:
 
     def _start(self, port: TrainerPort, loaders: list[Any]) -> None:
         self._broken = None
+        self._declined = None
         reason = self._cannot_tune(port, loaders)
         if reason is not None:
+            self._declined = reason
             self._say(f"auto-tuning is off: {reason}.")
             self.decision = None
             return
@@ -315,6 +386,7 @@ class TuningSession:
             window = self._planner.window
             span = self._planner.span_epochs
             capped = port.max_epochs is not None and span == port.max_epochs < MAX_SPAN_EPOCHS
+            self._declined = f"epochs of {planner_steps} steps leave no room to measure your settings and one candidate"
             self._say(
                 f"auto-tuning is off: epochs have {planner_steps} steps; measuring your settings and one candidate "
                 f"takes 2 x {window} steps, with at most {self._planner.budget_steps} steps of probing "
@@ -501,6 +573,7 @@ class TuningSession:
                 "bit-identical, so loading stays in the main process"
             )
             self._say(f"auto-tuning keeps num_workers=0: {reason}.")
+            self._declined = reason
             return self._model_only(combined, reason), None
         if reorders:
             self._order_note = (
@@ -584,6 +657,7 @@ class TuningSession:
             kept = f"Going back to your settings failed too ({type(err).__name__}: {err}), so {running} runs on"
         finally:
             self._stop_probing()
+        self._declined = f"it stopped in this run ({stop})"
         self._say(f"auto-tuning stopped: {stop}. {kept}; training is not affected.")
 
     def _window_ranks(self) -> WindowRanks:
@@ -830,26 +904,21 @@ class TuningSession:
                 self._stand_ins.append(loader)
 
     def _cannot_tune(self, port: TrainerPort, loaders: list[Any]) -> str | None:
-        if len(loaders) != 1:
-            return f"the trainer iterates {len(loaders)} train loaders at once"
-        loader = loaders[0]
-        if not isinstance(loader, DataLoader):
-            return f"the train loader is a {type(loader).__name__}, not a torch DataLoader"
-        if port.current_epoch != 0:
+        reason = _loaders_declined(loaders)
+        if reason is None and port.current_epoch != 0:
             return "tuning runs in epoch 0, and this run starts in a later epoch without a stored decision"
-        if isinstance(loader.dataset, IterableDataset) and loader.num_workers == 0:
-            sharding = worker_sharding(loader.dataset)
-            if sharding is not None:
-                return (
-                    f"the train loader reads {sharding}, in the main process; workers would change each epoch's "
-                    "order (which worker reads which shard, interleaved batch by batch) and without them no "
-                    "buffer exists to deepen. Set num_workers yourself (the order then follows it) and the "
-                    "prefetch depth can be tuned"
-                )
-            return (
-                "the train loader reads an IterableDataset in the main process; more workers would each replay an "
-                "unsharded dataset (duplicate samples) and no buffer exists to deepen"
-            )
+        return reason
+
+    def reach(self) -> TunerReach | None:
+        """What this fit's tuner does about worker counts: it probes them now, or why it does not (it declined,
+        stopped, or decided already); ``None`` before it started."""
+        if self._declined is not None:
+            return TunerReach(False, self._declined)
+        if self.decision is not None:
+            d = self.decision
+            return TunerReach(False, f"it measured this loader in this run and chose {d.setting.label} ({d.verdict})")
+        if self._active:
+            return TunerReach(True)
         return None
 
     def _host_budget(self, port: TrainerPort) -> HostBudget:

@@ -1,0 +1,54 @@
+"""The noise of measured rates: how far apart two measurements of the same setting may read by chance.
+
+A window's steps are not independent (a busy core slows several in a row), so its noise is read from the
+rates of consecutive blocks of ``BLOCK_STEPS`` steps, as the tuner reads it: the standard error of their mean,
+relative to it. Two rates closer than ``SIGMAS`` standard errors of the two together are not told apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean, stdev
+
+BLOCK_STEPS = 4
+"""A window's noise is read from the rates of its consecutive blocks of this many steps."""
+
+SIGMAS = 2.0
+"""Two rates closer than this many standard errors (of the two together) are not told apart."""
+
+
+def block_rates(loop_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float]:
+    """Steps/s of each whole block of ``block`` consecutive steps, from each step's loop time (wait + step).
+
+    Example:
+        >>> block_rates([0.1] * 8 + [0.2] * 3)
+        [10.0, 10.0]
+    """
+    return [
+        block / t
+        for b in range(len(loop_s) // block)
+        if (t := math.fsum(loop_s[b * block : (b + 1) * block])) > 0
+    ]
+
+
+def relative_error(rates: Sequence[float]) -> float:
+    """Standard error of the mean of ``rates``, relative to it (0 for fewer than two rates).
+
+    Example:
+        >>> round(relative_error([9.0, 11.0, 9.0, 11.0]), 3)
+        0.058
+    """
+    if len(rates) < 2 or fmean(rates) <= 0:
+        return 0.0
+    return stdev(rates) / math.sqrt(len(rates)) / fmean(rates)
+
+
+def comparison_noise(*errors: float) -> float:
+    """The relative difference two measurements with these relative errors cannot tell from noise.
+
+    Example:
+        >>> round(comparison_noise(0.03, 0.04), 3)
+        0.1
+    """
+    return SIGMAS * math.hypot(*errors)
