@@ -19,7 +19,10 @@ For each pipeline this script
 The pipelines: synthetic ones with known per-sample costs whose step waits like an accelerator step
 (I/O-bound, CPU-bound transforms, bursty, compute-bound, and 16 ms of CPU work per batch against a 10 ms
 step); one whose step computes on the CPU with torch's intra-op threads (an MLP), competing with the workers
-for the cores; and JPEG files decoded and augmented with PIL feeding a small CNN trained on the CPU.
+for the cores; JPEG files decoded and augmented with PIL feeding a small CNN trained on the CPU; and two whose
+``__getitem__`` draws its augmentation from the global random streams in the main process, as most datasets do
+(``augmenting``: known CPU work per sample, torch and Python draws; ``jpeg_new_user``: the JPEG pipeline with
+Python's ``random`` crops and flips).
 
 Usage::
 
@@ -54,7 +57,7 @@ from lightning_loadguard.tuning.options import TuneOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import CountedDataset, CpuModule, JpegDataset, Stopwatch, make_jpegs
+from workloads import AugmentingDataset, CountedDataset, CpuModule, JpegDataset, Stopwatch, make_jpegs
 
 Key = tuple[int, int | None]
 
@@ -85,10 +88,10 @@ def _timed(sample_s: float, spin: bool = False, burst_every: int = 0, burst_s: f
 def pipelines(jpeg_dir: Path) -> list[Pipeline]:
     paths: list[Path] = []
 
-    def jpegs(length: int) -> Dataset:
+    def jpegs(length: int, global_random: bool = False) -> Dataset:
         if not paths:
             paths.extend(make_jpegs(jpeg_dir, 64))
-        return JpegDataset(paths, length)
+        return JpegDataset(paths, length, global_random=global_random)
 
     return [
         Pipeline("io_bound", _timed(0.004), step_s=0.005),
@@ -106,6 +109,11 @@ def pipelines(jpeg_dir: Path) -> list[Pipeline]:
         ),
         # JPEGs decoded and augmented with PIL, batch 32, a small CNN trained on the CPU.
         Pipeline("jpeg_cnn", jpegs, batch_size=32, cpu_step={"kind": "cnn"}),
+        # 2 ms of CPU work per sample, then a crop, flip and noise drawn from torch's and Python's global random
+        # streams in the main process (num_workers=0, shuffle=True): the pipeline most users start from.
+        Pipeline("augmenting", lambda length: AugmentingDataset(length, 0.002), step_s=0.006),
+        # A new user's image pipeline: the JPEGs above with crops and flips drawn from Python's global random.
+        Pipeline("jpeg_new_user", lambda length: jpegs(length, True), batch_size=32, cpu_step={"kind": "cnn"}),
     ]
 
 

@@ -2,7 +2,10 @@
 
 - :func:`make_jpegs` writes JPEG files made locally with PIL (no download).
 - :class:`JpegDataset` decodes them with PIL and augments (random crop, flip, resize), as an image
-  pipeline's workers do.
+  pipeline's workers do; drawn from a generator seeded by the index, or (``global_random=True``) from Python's
+  global ``random``, as a new user's ``__getitem__`` does.
+- :class:`AugmentingDataset` does a known CPU time of work per sample and augments with draws from torch's and
+  Python's global random streams (random crop, flip, noise).
 - :class:`CpuModule` is a training step that computes on the CPU with torch's intra-op threads (a small CNN
   for images, an MLP for feature vectors), inside Lightning.
 - :class:`Stopwatch` times a fit's steps per second after a warm-up.
@@ -50,18 +53,20 @@ class JpegDataset(Dataset):
     """Decodes a JPEG with PIL and augments it: random crop, horizontal flip, resize, to a float tensor.
 
     The augmentation draws from a generator seeded by the index, so a sample is the same whatever process
-    (or worker count) makes it.
+    (or worker count) makes it; with ``global_random`` from Python's global ``random``, as most datasets do
+    (with ``num_workers=0`` those draws advance the training process's own random stream).
     """
 
-    def __init__(self, paths: list[Path], length: int) -> None:
+    def __init__(self, paths: list[Path], length: int, global_random: bool = False) -> None:
         self.paths = [str(p) for p in paths]
         self.length = length
+        self.global_random = global_random
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rng = random.Random(index)
+        rng: Any = random if self.global_random else random.Random(index)
         with Image.open(self.paths[index % len(self.paths)]) as image:
             image = image.convert("RGB")
             left, top = rng.randrange(image.width - CROP + 1), rng.randrange(image.height - CROP + 1)
@@ -72,6 +77,32 @@ class JpegDataset(Dataset):
             pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         x = pixels.view(OUT, OUT, 3).permute(2, 0, 1).float().div_(255.0).sub_(0.5)
         return torch.tensor(index), x, torch.tensor(index % 10)
+
+
+class AugmentingDataset(Dataset):
+    """``sample_s`` of CPU time per sample (a decode's worth of work), then an augmentation drawn from the global
+    random streams, as a typical ``__getitem__`` draws it: a random crop (``torch.randint``), a flip
+    (Python's ``random``) and noise (``torch.rand``) on a 3 x 40 x 40 image, cropped to 32 x 32.
+    """
+
+    def __init__(self, length: int, sample_s: float = 0.002) -> None:
+        self.length = length
+        self.sample_s = sample_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        end = time.thread_time() + self.sample_s
+        while time.thread_time() < end:
+            pass
+        image = torch.full((3, 40, 40), float(index % 255) / 255.0)
+        top, left = torch.randint(0, 9, (2,)).tolist()
+        image = image[:, top : top + 32, left : left + 32]
+        if random.random() < 0.5:
+            image = image.flip(-1)
+        image = image + 0.05 * torch.rand(image.shape)
+        return torch.tensor(index), image.reshape(-1)[:16].contiguous()
 
 
 def _cnn() -> torch.nn.Module:
