@@ -88,7 +88,7 @@ def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapsho
 
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(TuningSession, "_gathered_window", scripted_window)
+    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
 
 
 def run(

@@ -415,7 +415,7 @@ def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -
 
 def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every setting measures alike, so nothing beats yours; worker start-up counts at any share of an epoch.
-    def alike(self: Any, port: Any, start: Any) -> tuple[WindowSnapshot, None]:
+    def alike(self: Any, port: Any, start: Any) -> WindowSnapshot:
         steps = self._window_steps
         window = WindowSnapshot(
             wait_s=(0.004,) * steps,
@@ -425,9 +425,9 @@ def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkey
             host=HostFacts(cpu_count=8),
             batches_made=steps,
         )
-        return window, None
+        return window
 
-    monkeypatch.setattr(session_module.TuningSession, "_gathered_window", alike)
+    monkeypatch.setattr(session_module.TuningSession, "_measured", alike)
     options = replace(FAST, tune_persistent_workers=True, persistent_min_share=0.0)
     _, guard, trainer = fit(io_bound(), options)
     decision = guard.decision
