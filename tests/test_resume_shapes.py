@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 from resume_shapes import run_chain
 
@@ -97,8 +97,10 @@ def _check(
         # The one refusal expected here: a fit that would not continue an epoch a max_steps stop cut short.
         assert "trainer starts a new epoch" in str(refused), f"{segments}: {refused!r}"
         assert any(s["end"] == "max_steps" for s in segments[:-1]), f"{segments}: {refused!r}"
+        event("refused")
         return
     assert result["seen"] == result["reference"], segments
+    event(f"exact after {len(segments) - 1} resumes")
 
 
 LAYOUT = {
