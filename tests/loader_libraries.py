@@ -10,6 +10,7 @@ batch's end, so a batch is ``[indices, features, stamps, collated]`` as :class:`
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import multiprocessing
 import os
@@ -133,7 +134,8 @@ def _litdata_sample(index: int) -> dict[str, Any]:
 
 def write_litdata(root: Path, n: int) -> str:
     """Samples ``0 .. n-1`` written with ``litdata.optimize`` in ``SHARDS`` chunks."""
-    assert litdata is not None, "litdata is not installed"
+    import litdata
+
     out = root / "optimized"
     if not (out / "index.json").exists():
         # optimize sets the process-wide start method (to spawn unless told): every later DataLoader would then
@@ -154,15 +156,16 @@ def write_litdata(root: Path, n: int) -> str:
     return str(out)
 
 
-try:
+def _clocked_streaming_dataset() -> type:
+    """litdata's documented way to transform: a ``StreamingDataset`` subclass whose ``__getitem__`` reads, then
+    transforms. Made on first use (importing litdata costs most of a second in every process that imports this
+    module) and kept at module level under its name, so that it pickles."""
+    made = globals().get("ClockedStreamingDataset")
+    if made is not None:
+        return made
     import litdata
-except ImportError:  # the loaders extra is not installed: the tests that need litdata are skipped
-    litdata = None
-else:
 
     class ClockedStreamingDataset(litdata.StreamingDataset):
-        """litdata's documented way to transform: a subclass whose ``__getitem__`` reads, then transforms."""
-
         def __init__(self, *args: Any, clock: SampleClock, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.clock = clock
@@ -170,6 +173,10 @@ else:
         def __getitem__(self, index: Any) -> dict[str, Any]:
             sample = super().__getitem__(index)
             return self.clock(sample["index"], sample["features"])
+
+    ClockedStreamingDataset.__qualname__ = "ClockedStreamingDataset"
+    globals()["ClockedStreamingDataset"] = ClockedStreamingDataset
+    return ClockedStreamingDataset
 
 
 def build_loader(
@@ -211,21 +218,18 @@ def build_loader(
             pipeline = pipeline.shuffle(16, seed=0)
         return DataLoader(pipeline.decode().map(_TarSampleClock(clock)), collate_fn=clocked_collate, **settings)
     if library == "litdata":
-        assert litdata is not None, "litdata is not installed"
+        import litdata
+
         directory = write_litdata(root / "litdata", n)
-        dataset = ClockedStreamingDataset(directory, shuffle=shuffle, seed=0, clock=clock)
+        dataset = _clocked_streaming_dataset()(directory, shuffle=shuffle, seed=0, clock=clock)
         return litdata.StreamingDataLoader(dataset, collate_fn=clocked_collate, **settings)
     raise ValueError(f"library must be one of {LIBRARIES}, got {library!r}")
 
 
 def installed(library: str) -> bool:
-    """Whether the package ``library`` needs imports here."""
+    """Whether the package ``library`` needs is installed here (found, not imported)."""
     module = {"hf_map": "datasets", "hf_stream": "datasets", "webdataset": "webdataset", "litdata": "litdata"}
-    try:
-        __import__(module[library])
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec(module[library]) is not None
 
 
 def iterate(loader: Any) -> list[int]:
