@@ -115,7 +115,8 @@ class Finding:
             change: a code change, or nothing at all).
         certain: whether LoadGuard stands behind the fix on this host: ``False`` where it rests on a prediction
             the measurements cannot confirm (e.g. more workers where the loop's threads and the workers compete
-            for the same cores); then the fix says how to verify it (``LoadGuard(auto_tune=True)`` measures).
+            for the same cores, or a gain within the noise of the windows it rests on); then the fix says how to
+            verify it (``LoadGuard(auto_tune=True)`` where the tuner would measure this loader, else by hand).
 
     Example:
         >>> f = Finding("compute_bound", 0.0, {"headroom": 2.5}, "Nothing to change.", "Loader is fine.")
