@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from lightning_loadguard.model.buffer import simulate_buffer
+from lightning_loadguard.model.buffer import BufferRun, simulate_buffer
 
 BURST_MARGIN = 0.2
 """Extra producer capacity asked of :func:`workers_needed` beyond Little's law's mean figure.
@@ -154,17 +154,9 @@ def recommend_prefetch(
         raise ValueError(f"deep_prefetch must be an integer >= 1, got {deep_prefetch!r}")
     if has_deficit(production_s, step_s, workers):
         return None
-    steps = max(REPLAY_MIN_STEPS, REPLAY_CYCLES * max(len(production_s), len(step_s)))
 
     def replay(prefetch: int) -> tuple[float, float]:
-        run = simulate_buffer(
-            production_s,
-            step_s,
-            num_workers=workers,
-            prefetch_factor=prefetch,
-            steps=steps,
-            record_levels=False,
-        )
+        run = _replay(production_s, step_s, workers, prefetch)
         return run.mean_wait_s, run.wait_fraction
 
     optimum, _ = replay(deep_prefetch)
@@ -184,6 +176,27 @@ def recommend_prefetch(
         expected_wait_s=wait,
         expected_wait_fraction=fraction,
         optimum_wait_s=optimum,
+    )
+
+
+def replayed_wait(production_s: Sequence[float], step_s: Sequence[float], num_workers: int, prefetch: int) -> float:
+    """The wait fraction the buffer model gives the measured production and step times at a setting: the same
+    replay (length and all) that :func:`recommend_prefetch` sizes depths by.
+
+    Example:
+        One batch in eight takes 0.6 s, the rest 0.05 s, and the step 0.15 s: one batch in flight leaves the loop
+        waiting a quarter of its time, four almost never.
+
+        >>> [round(replayed_wait([0.05] * 7 + [0.6], [0.15], 1, depth), 2) for depth in (1, 4)]
+        [0.27, 0.0]
+    """
+    return _replay(production_s, step_s, _count("num_workers", num_workers), prefetch).wait_fraction
+
+
+def _replay(production_s: Sequence[float], step_s: Sequence[float], workers: int, prefetch: int) -> BufferRun:
+    steps = max(REPLAY_MIN_STEPS, REPLAY_CYCLES * max(len(production_s), len(step_s)))
+    return simulate_buffer(
+        production_s, step_s, num_workers=workers, prefetch_factor=prefetch, steps=steps, record_levels=False
     )
 
 
