@@ -152,12 +152,13 @@ class Score:
 @dataclass
 class _Truth:
     pipeline: SimPipeline
+    steps: int = 600
     rates: dict[LoaderSettings, float] = field(default_factory=dict)
 
     def __call__(self, settings: LoaderSettings) -> float:
         key = LoaderSettings(settings.num_workers, settings.prefetch if settings.num_workers else None)
         if key not in self.rates:
-            self.rates[key] = steady_rate(self.pipeline, key)
+            self.rates[key] = steady_rate(self.pipeline, key, steps=self.steps)
         return self.rates[key]
 
 
@@ -194,10 +195,11 @@ def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
     return max(rated, key=rated.__getitem__)
 
 
-def score(p: SimPipeline, *, seed: int = 0, planner: PlannerFactory = Planner) -> Score:
-    """Tune ``p`` on the simulator and score the choice against the ground truth."""
+def score(p: SimPipeline, *, seed: int = 0, planner: PlannerFactory = Planner, truth_steps: int = 600) -> Score:
+    """Tune ``p`` on the simulator and score the choice against the ground truth (steady rates over
+    ``truth_steps`` steps)."""
     tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
-    truth = _Truth(p)
+    truth = _Truth(p, truth_steps)
     best = grid_best(p, truth)
     chosen_rate, user_rate = truth(tuned.chosen), truth(p.user)
     if chosen_rate > truth(best):

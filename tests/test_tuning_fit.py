@@ -106,19 +106,20 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
     from lightning_loadguard.tuning import planner as planner_module
     from lightning_loadguard.tuning.planner import _Proposal
 
-    def two_workers_once(self: Any, best: Any, best_m: Any) -> Any:
+    def two_workers_once(self: Any) -> Any:
         return None if len(self.results) > 1 else _Proposal(replace(self.original, num_workers=2), "a candidate")
 
-    def the_candidate_again(self: Any, best: Any, best_m: Any, base: Any) -> Any:
-        if self._confirmed:
-            return None
-        self._confirmed = True
-        return _Proposal(self.results[-1].setting, "measured again")
+    contest = planner_module.Planner._contest
+
+    def the_candidate_again_first(self: Any, *, users_only: bool = False) -> Any:
+        if len(self.results) == 2:
+            return _Proposal(self.results[-1].setting, "measured again")
+        return contest(self, users_only=users_only)
 
     monkeypatch.setattr(planner_module.Planner, "_search", two_workers_once)
-    monkeypatch.setattr(planner_module.Planner, "_confirm", the_candidate_again)
+    monkeypatch.setattr(planner_module.Planner, "_contest", the_candidate_again_first)
     # Whether 2 workers still wait 5 % of the time depends on the host's load: the search goes on either way.
-    monkeypatch.setattr(planner_module, "_winnable", lambda setting, m: 1.0)
+    monkeypatch.setattr(planner_module, "_winnable", lambda arm: 1.0)
     restarts: list[dict[str, Any]] = []
     restart = session_module.restart_iterator
 
@@ -131,12 +132,10 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
     tuned, guard, _ = fit(io_bound(), FAST)
     decision = guard.decision
     assert decision is not None
-    # Then the user's settings again, last (the decision replaces them), in two windows (their workers restart
-    # for the first), and back to the decision's 2 workers.
-    assert [c.setting.num_workers for c in decision.candidates] == [1, 2, 2, 1, 1], decision.table()
+    # Then the user's settings again (their workers restart), as the contest between the two asks.
+    assert [c.setting.num_workers for c in decision.candidates][:4] == [1, 2, 2, 1], decision.table()
     assert decision.candidates[2].steps == FAST.warmup_steps + FAST.window_steps  # warm: no refill
-    assert decision.candidates[4].steps == FAST.warmup_steps + FAST.window_steps
-    assert [k.get("num_workers") for k in restarts] == [2, 1, 2]  # measured again without a restart
+    assert [k.get("num_workers") for k in restarts][:2] == [2, 1]  # measured again without a restart
     assert tuned == untuned
 
 

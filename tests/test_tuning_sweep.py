@@ -1,0 +1,37 @@
+"""The tuner on 100 simulated pipelines (the first seeds of benchmarks/tune_sweep.py's sweep), scored against
+the simulator's ground truth (steady rates over 250 steps, where the full sweep takes 600): a regression check of
+the figures in benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a few pipelines."""
+
+from __future__ import annotations
+
+import pytest
+from sim_sweep import FAMILIES, generate, score, summary
+
+SUBSET = 100
+TRUTH_STEPS = 250
+AT_95 = 0.87  # measured 0.90
+P1 = 0.45  # measured 0.53
+BELOW_USER = 0.01  # measured 0.00: at most one pipeline
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, dict[str, float]]:
+    return summary(score(generate(seed), seed=seed, truth_steps=TRUTH_STEPS) for seed in range(SUBSET))
+
+
+def test_the_subset_spans_every_family(figures: dict[str, dict[str, float]]) -> None:
+    assert set(FAMILIES) <= set(figures)
+
+
+def test_tuned_is_near_the_best_setting(figures: dict[str, dict[str, float]]) -> None:
+    overall = figures["all"]
+    assert overall["at_95"] >= AT_95, overall
+    assert overall["p1"] >= P1, overall
+
+
+def test_never_below_your_settings_beyond_noise(figures: dict[str, dict[str, float]]) -> None:
+    assert figures["all"]["below_user"] <= BELOW_USER, figures["all"]
+
+
+def test_probing_stays_within_its_budget(figures: dict[str, dict[str, float]]) -> None:
+    assert figures["all"]["over_budget"] == 0.0, figures["all"]
