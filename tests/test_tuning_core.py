@@ -294,6 +294,19 @@ def test_more_workers_measured_slower_send_the_search_between_them() -> None:
     assert planner.decide().num_workers == 6
 
 
+def test_where_one_more_worker_did_not_pay_twice_as_many_are_measured_once() -> None:
+    # Three other processes keep two cores busy and the step computes on both: one worker beside in-process
+    # loading wins nothing, three win a share of the cores (tests/sim_sweep.py's cpu_contended-213: 0.42 of the
+    # best kept without this probe, 0.91 with it).
+    measure = {0: (14.0, 0.030), 1: (14.0, 0.030), 3: (24.0, 0.030), 4: (26.0, 0.030), 6: (30.0, 0.030)}
+    measure |= {7: (30.2, 0.030), 8: (30.1, 0.030), 9: (30.5, 0.030)}
+    planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=2000)
+    probed = _search(planner, measure, 0.040)
+    assert probed[:3] == [0, 1, 3], planner.decide().table()
+    assert planner.results[2].note == "the search: twice a count that did not pay"
+    assert planner.decide().num_workers >= 3
+
+
 def test_the_cores_prediction_is_where_the_search_starts_not_where_it_stops() -> None:
     # Little's law asks for 9 workers, the cores are predicted to hold 3: 3 first, then past the prediction
     # while each count up pays.

@@ -397,12 +397,13 @@ def test_a_short_epoch_says_what_would_tune_it_and_those_options_do() -> None:
 
 
 def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -> None:
-    # 40 steps an epoch: epoch 0's probe share (8 steps) holds no 12-step window; two epochs' share (16) does.
+    # 40 steps an epoch: epoch 0's probe share (8 steps) holds no 12-step window; two epochs' share (16) holds one,
+    # and none of the four the fit runs holds three: the probing spans all four (32 steps).
     untuned, _, _ = fit(io_bound(length=160), False, epochs=4)
     tuned, guard, trainer = fit(io_bound(length=160), True, epochs=4)
     decision = guard.decision
     assert decision is not None and len(decision.candidates) >= 2, guard.summary()
-    assert decision.probe_budget_steps == int(0.2 * 40 * 2)
+    assert decision.probe_budget_steps == int(0.2 * 40 * 4)
     assert decision.probe_steps <= decision.probe_budget_steps
     # Probed with other settings across the epochs' boundaries; whether they measured faster depends on what
     # else the host runs (beside two spinning processes, 3 sleeping workers once read 4 % over 1), the order not.

@@ -6,8 +6,9 @@ One procedure (docs/tuning.md states it in five sentences):
    the spread of their blocks' rates); one settling rule holds for every arm, the user's included: a window a
    later one of the same run beats beyond the noise had not settled after the restart, and is set aside.
 2. The worker count moves by one search: from the model's estimate (Little's law on the measured production
-   time), up while the last count up beat the one before, and between the best count and a slower one once
-   more workers measured slower; at the search's best count, the depth the buffer replay asks for. Memory and
+   time, raised to the count the buffer replay of the bursts asks for), up by half while the last count up beat
+   the one before, between the best count and a slower one, down by half where more did not pay, and once to
+   twice a count that did not pay; at the search's best count, the depth the buffer replay asks for. Memory and
    the user's cap clamp every setting; the cores' prediction is where the search starts, not where it stops.
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
@@ -316,6 +317,12 @@ class Planner:
             # More did not pay from the lowest count measured: half as many (the hand-over, or the cores the
             # workers take from the step, may cost more than they make).
             return self._at(best.setting, b // 2, "the search: fewer workers, since more did not pay")
+        if len(above) == 1 and _winnable(best) >= WAIT_OK:
+            # Once, where the loop still waits: twice the count that did not pay. Beside other processes or a
+            # step's threads, several more workers win a share of the cores that one more does not.
+            far = self._at(best.setting, max(2 * above[0], above[0] + 2), "the search: twice a count that did not pay")
+            if far is not None:
+                return far
         return self._deeper(best) or self._pinning(best.setting)
 
     def _estimate(self, arm: Arm) -> int:
