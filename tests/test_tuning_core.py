@@ -509,7 +509,7 @@ def test_decision_round_trips_through_plain_data() -> None:
 
 
 def test_the_probe_cost_line_adds_up_with_the_table() -> None:
-    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (80.0, 0.010), 3: (79.0, 0.010)}
+    measure = {0: (38.0, 0.010), 1: (60.0, 0.010), 2: (80.0, 0.010), 3: (79.0, 0.010), 6: (78.0, 0.010)}
     planner = Planner(LoaderSettings(0), HostBudget(1, "cores"), FAST, epoch_steps=600)
     _search(planner, measure, 0.016)
     decision = planner.decide()
