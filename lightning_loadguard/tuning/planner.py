@@ -13,7 +13,7 @@ One procedure (docs/tuning.md states it in five sentences):
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
 4. One comparison decides everything: a setting beats another when it is faster by ``min_gain`` and by more
-   than the noise (``NOISE_SIGMAS`` standard errors of the difference); a setting replaces the user's only
+   than the noise (two standard errors of the difference, ``model.noise``); a setting replaces the user's only
    when it beats them.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
-from statistics import fmean, stdev
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.capacity import WAIT_OK, recommend_prefetch, replayed_wait, workers_needed
+from lightning_loadguard.model.noise import BLOCK_STEPS, block_rates, comparison_noise, relative_error
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 
@@ -38,13 +38,6 @@ PROBE_BUDGET = "probe_budget"
 
 PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
-
-NOISE_BLOCK_STEPS = 4
-"""An arm's noise is read from the rates of its windows' consecutive blocks of this many steps (of half its steps
-where it holds fewer than two such blocks)."""
-
-NOISE_SIGMAS = 2.0
-"""A difference of rates counts beyond the noise when it exceeds this many standard errors."""
 
 MAX_WINDOWS = 3
 """Windows an arm is measured at most: a third halves the noise of one; more buy little for their steps."""
@@ -71,20 +64,20 @@ class Arm:
 
     @property
     def error(self) -> float:
-        """Relative standard error of :attr:`rate`: the spread of the blocks' rates over the square root of their
-        count (infinite where fewer than two blocks had a rate: nothing says how far to trust it)."""
+        """Relative standard error of :attr:`rate`, read as :mod:`lightning_loadguard.model.noise` reads it (from
+        blocks of half the steps where fewer than two blocks fit); infinite where fewer than two blocks had a rate:
+        nothing says how far to trust it."""
         w = self.window
         loop = list(map(operator.add, w.wait_s, w.step_s))
-        size = max(1, min(NOISE_BLOCK_STEPS, len(loop) // 2))  # a window shorter than two blocks: shorter blocks
-        rates = [size / t for b in range(len(loop) // size) if (t := math.fsum(loop[b * size : (b + 1) * size])) > 0]
+        rates = block_rates(loop, max(1, min(BLOCK_STEPS, len(loop) // 2)))
         if len(rates) < 2 or self.rate <= 0:
             return math.inf
-        return stdev(rates) / math.sqrt(len(rates)) / fmean(rates)
+        return relative_error(rates)
 
 
 def gain(a: Arm, b: Arm) -> tuple[float, float]:
     """How much faster ``a`` measured than ``b`` (relative), and the noise of that difference
-    (``NOISE_SIGMAS`` standard errors); infinite noise where ``b`` measured no rate.
+    (:func:`~lightning_loadguard.model.noise.comparison_noise`); infinite noise where ``b`` measured no rate.
 
     Example:
         >>> steady = WindowSnapshot(wait_s=(0.0,) * 8, step_s=(0.1,) * 8)
@@ -94,7 +87,7 @@ def gain(a: Arm, b: Arm) -> tuple[float, float]:
     """
     if b.rate <= 0:
         return 0.0, math.inf
-    return a.rate / b.rate - 1, NOISE_SIGMAS * math.hypot(a.error, b.error)
+    return a.rate / b.rate - 1, comparison_noise(a.error, b.error)
 
 
 def beats(a: Arm, b: Arm, margin: float) -> bool:
