@@ -43,6 +43,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 WINDOW = 21
 CAPACITY_TOLERANCE = 0.05  # relative, as tests/test_accuracy.py: the batch's clock starts at its first sample
+ITERABLE_CAPACITY_TOLERANCE = 0.10  # 5.4 % seen on WebDataset at a load of 14 on 2 cores (see the test)
 WAIT_TOLERANCE_REL, WAIT_TOLERANCE_ABS = 0.02, 0.002
 DATA_BOUND = {"num_workers": 2, "sample_s": 0.006}  # 2 workers at 24 ms a batch: ~80 batches/s at most
 DATA_BOUND_STEP_S = 0.004  # the step takes 250 a second: the loop waits for data
@@ -120,7 +121,10 @@ def test_figures_match_the_datasets_own_clock(library: str, files: Path) -> None
     seen = _observed(module, DATA_BOUND["num_workers"], sized)
     metrics = guard.metrics
     # Capacity: workers over the mean time a batch took, from its first sample's start to its collate's end.
-    assert metrics["loadguard/producer_rate"] == pytest.approx(seen.capacity, rel=CAPACITY_TOLERANCE)
+    # An iterable's clock starts at its first sample's transform, after the library read and decoded that sample
+    # (a tar member, a Parquet row): LoadGuard's busy time holds that read too, which a busy host stretches.
+    tolerance = CAPACITY_TOLERANCE if library == "hf_map" else ITERABLE_CAPACITY_TOLERANCE
+    assert metrics["loadguard/producer_rate"] == pytest.approx(seen.capacity, rel=tolerance)
     # The wait: within Lightning's profiler's fetches, and no less than the batches were late by the dataset's
     # own clock.
     wait = metrics["loadguard/wait_fraction"]
