@@ -169,8 +169,10 @@ class Sim:
     Example:
         >>> p = SimPipeline("io", "io_bound", Host(cores=4), io=Cost(0.02), device_s=0.01)
         >>> sim = Sim(p, LoaderSettings(4, 2), seed=0)
-        >>> sim.run(200); round(sim.rate_since(100), 1)  # 4 workers make 200 batches/s; the step takes 10 ms
-        100.0
+        >>> sim.run(200); round(sim.rate_since(100), 1)  # 4 workers make 200 batches/s: the loop sets the rate,
+        97.1
+        >>> round(1 / (0.01 + p.handover_s), 1)  # a 10 ms step and the 0.3 ms hand-over of each batch
+        97.1
     """
 
     def __init__(self, pipeline: SimPipeline, settings: LoaderSettings, seed: int = 0) -> None:
