@@ -117,20 +117,43 @@ def _data_bound(library: str, files: Path) -> tuple[LoadGuard, ClockedModule, bo
 
 @pytest.mark.parametrize("library", ALL)
 def test_figures_match_the_datasets_own_clock(library: str, files: Path) -> None:
+    # A neighbour that takes a core mid-fit splits LoadGuard's clock from the dataset's for that run: a miss is
+    # measured again in a new fit (never re-asserted on the same figures), and the last fit's misses are reported.
+    misses: list[str] = []
+    for _ in range(MEASUREMENTS):
+        misses = _figure_misses(library, files)
+        if not misses:
+            return
+    raise AssertionError(f"{library}: in {MEASUREMENTS} fits, the last missed: " + "; ".join(misses))
+
+
+MEASUREMENTS = 3
+"""Fits a figure test measures at most before it fails."""
+
+
+def _figure_misses(library: str, files: Path) -> list[str]:
     guard, module, sized = _data_bound(library, files)
     seen = _observed(module, DATA_BOUND["num_workers"], sized)
     metrics = guard.metrics
+    misses = []
     # Capacity: workers over the mean time a batch took, from its first sample's start to its collate's end.
     # An iterable's clock starts at its first sample's transform, after the library read and decoded that sample
     # (a tar member, a Parquet row): LoadGuard's busy time holds that read too, which a busy host stretches.
     tolerance = CAPACITY_TOLERANCE if library == "hf_map" else ITERABLE_CAPACITY_TOLERANCE
-    assert metrics["loadguard/producer_rate"] == pytest.approx(seen.capacity, rel=tolerance)
+    capacity = metrics["loadguard/producer_rate"]
+    if capacity != pytest.approx(seen.capacity, rel=tolerance):
+        misses.append(f"producer_rate {capacity:.2f} against the dataset's {seen.capacity:.2f} +- {tolerance:.0%}")
     # The wait: within Lightning's profiler's fetches, and no less than the batches were late by the dataset's
     # own clock.
     wait = metrics["loadguard/wait_fraction"]
-    assert wait <= seen.wait_fraction * (1 + WAIT_TOLERANCE_REL) + WAIT_TOLERANCE_ABS
-    assert wait >= seen.production_wait_fraction - WAIT_TOLERANCE_ABS
-    assert metrics["loadguard/throughput"] == pytest.approx(seen.throughput, rel=WAIT_TOLERANCE_REL)
+    if wait > seen.wait_fraction * (1 + WAIT_TOLERANCE_REL) + WAIT_TOLERANCE_ABS:
+        misses.append(f"wait_fraction {wait:.3f} above the profiler's {seen.wait_fraction:.3f}")
+    if wait < seen.production_wait_fraction - WAIT_TOLERANCE_ABS:
+        misses.append(f"wait_fraction {wait:.3f} below the dataset's lateness {seen.production_wait_fraction:.3f}")
+    throughput = metrics["loadguard/throughput"]
+    if throughput != pytest.approx(seen.throughput, rel=WAIT_TOLERANCE_REL):
+        misses.append(f"throughput {throughput:.2f} against the dataset's {seen.throughput:.2f}")
+    return misses
 
 
 @pytest.mark.parametrize("library", ALL)
