@@ -220,11 +220,13 @@ def test_keep_random_draws_keeps_every_epochs_order_and_in_process_draws_of_an_a
 
 def test_persistent_workers_chosen_by_the_tuner_keep_every_epochs_order() -> None:
     def make() -> DataLoader:
-        # I/O-bound: one worker makes a batch in 12 ms against a 4 ms step, so the tuner switches workers.
-        return DataLoader(TimedDataset(96, sample_s=0.003), batch_size=4, shuffle=True, num_workers=1)
+        # I/O-bound: one worker makes a batch in 24 ms against a 4 ms step; three make it 3x as fast, a margin
+        # no busy host's noise hides, so the tuner switches workers (and keeps them across epochs).
+        return DataLoader(TimedDataset(96, sample_s=0.006), batch_size=4, shuffle=True, num_workers=1)
 
-    # The default TuneOptions, but for an epoch short enough for a test.
-    options = TuneOptions(warmup_steps=2, window_steps=4, probe_share=0.6, persistent_min_share=0.0)
+    # The default TuneOptions, but for an epoch short enough for a test. At most three workers: an 8-step
+    # window that starts eight on a loaded 2-core host measures their start, not their rate.
+    options = TuneOptions(warmup_steps=2, window_steps=4, probe_share=0.6, persistent_min_share=0.0, max_workers=3)
     assert options.tune_persistent_workers
     untuned, _ = train(make, None, epochs=4, module=TimedModule(step_s=0.004))
     guard = LoadGuard(print_summary=False, auto_tune=options)
