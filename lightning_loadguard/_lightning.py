@@ -444,37 +444,30 @@ def silence_not_resumable_warning() -> Callable[[], None]:
     return restore
 
 
-def _continues_counted_epoch(trainer: Any, processed: int) -> bool:
-    """Whether a fit restored with ``processed`` epochs counted goes on inside the last one.
-
-    Lightning 2.5-2.6 (``_FitLoop.restarting``, ``_FitLoop.done``; checked on 2.6.6): a fit with ``max_steps``
-    restarts the epoch loop from the restored batch counters even when the epoch is counted as processed; without
-    ``max_steps`` it starts a new epoch, and a reached ``max_epochs`` ends the fit before any batch.
-    """
-    max_epochs = trainer.max_epochs
-    return trainer.max_steps != -1 and (max_epochs is None or max_epochs == -1 or processed < max_epochs)
-
-
 def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
     """Edit the fit loop's progress in the checkpoint being restored so that it agrees with the loader
     position ``(epoch, batches)`` the datamodule stored (the consumer's own count).
 
-    Lightning 2.5 and 2.6 (checked on 2.6.6): after a resume from a checkpoint written on an epoch's last
-    batch, the epoch progress keeps ``ready``/``started`` one behind ``processed`` for the rest of that
-    process (``(1, 1, 1, 1)`` all through epoch 1). A checkpoint written later in that process restores
-    wrongly: written mid-epoch or on the next last batch, the trainer takes the epoch for finished and starts
-    a new one, counting one epoch too few; written at an epoch's end (``processed`` ahead of ``started``), it
-    trains a batch of the finished epoch again. The counters are set to what an uninterrupted process writes
-    at the same place (``ready == started == processed + 1`` inside an epoch, ``== processed`` at its end).
-    A checkpoint whose counters are consistent is not changed, and neither is one written after an epoch cut
-    short by ``max_steps`` (there the trainer's ``processed`` is one ahead of the loader's epoch, and a fit
-    with a larger ``max_steps`` continues inside the epoch by itself).
+    The counters are set to what an uninterrupted process writes at the same place (``ready == started ==
+    epoch + 1``, ``processed == completed == epoch`` inside an epoch; all four ``== epoch`` at its start), in
+    three cases Lightning 2.5 and 2.6 restore wrongly (checked on 2.6.6):
+
+    - A fit cut short by ``max_steps`` counts its unfinished epoch as processed. Resumed as written, a fit
+      without ``max_steps`` starts a new epoch (the rest of the cut one is never trained), and one with
+      ``max_steps`` continues the epoch with the trainer's epoch count one ahead of the data's for the rest of
+      the run (a later ``max_epochs`` then stops one epoch early).
+    - After a resume from a checkpoint written on an epoch's last batch, the epoch progress keeps
+      ``ready``/``started`` one behind ``processed`` for the rest of that process. A checkpoint written later in
+      that process, mid-epoch or on the next last batch, makes the trainer take the epoch for finished.
+    - A checkpoint written at an epoch's end (``ModelCheckpoint`` in ``on_train_epoch_end``, or
+      ``trainer.save_checkpoint`` after fit) keeps that epoch's batch counters; a fit with ``max_steps`` restarts
+      the epoch loop from them and trains "batch N" of the next epoch.
+
+    A checkpoint whose counters already agree with the position is not changed.
 
     Raises:
-        PositionMismatchError: the checkpoint's batch count inside the epoch is not the position's; the position
-            is inside an epoch the checkpoint's loop counts as finished and this fit would not continue it (no
-            larger ``max_steps``, or ``max_epochs`` reached); or its loop progress is not where Lightning 2.4-2.6
-            keep it.
+        PositionMismatchError: the checkpoint's batch count inside the epoch is not the position's, or its loop
+            progress is not where Lightning 2.4-2.6 keep it.
     """
     pending = loaded_checkpoint(trainer)
     if not pending or "loops" not in pending:
@@ -487,44 +480,35 @@ def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
         processed = int(epochs["current"]["processed"])
         started = int(epochs["current"]["started"])
         saved_in_batch_end = in_batch["processed"] == in_batch["completed"] + 1
-        if batches > 0 and epoch == processed and int(in_batch["processed"]) != batches:
+        if batches > 0 and processed in (epoch, epoch + 1) and int(in_batch["processed"]) != batches:
             raise PositionMismatchError(
                 f"the checkpoint's loop state counts {in_batch['processed']} batches done in epoch {epoch}, its "
                 f"loader position {batches}: they were not written by the same step, so where the epoch "
                 "continues is unknown"
             )
-        if batches > 0 and processed > epoch and not _continues_counted_epoch(trainer, processed):
-            raise PositionMismatchError(
-                f"the checkpoint's loader position is {batches} batches into epoch {epoch}, but its loop counts "
-                f"that epoch as finished (the fit that wrote it stopped mid-epoch, for example at max_steps), "
-                f"and this fit (max_steps={trainer.max_steps}, max_epochs={trainer.max_epochs}) does not continue "
-                f"it: the trainer starts a new epoch or stops, and the rest of epoch {epoch} would never be "
-                f"trained. Resume with a larger max_steps (and max_epochs=-1 or above {processed}) to finish it, "
-                "or from a checkpoint written at an epoch's end"
-            )
+        now = epochs["current"]
+        if batches > 0 and processed > epoch:
+            # Cut short by max_steps and saved after it (after fit, or by the epoch-end checkpoint of the cut
+            # epoch): the epoch is unfinished, whatever the loop counts.
+            _set_epoch_counters(epochs, ready=epoch + 1, done=epoch)
+            return
         inside = batches > 0 and epoch == processed
         on_last = batches == 0 and epoch == processed + 1 and saved_in_batch_end and batch_progress["is_last_batch"]
-        now = epochs["current"]
         ended = (
             batches == 0
             and not saved_in_batch_end
             and int(in_batch["processed"]) > 0
-            and processed == epoch
+            and processed >= epoch
             and int(now["ready"]) <= processed
             and int(now["started"]) <= processed
-            and int(now["completed"]) in (epoch - 1, epoch)
+            and int(now["completed"]) in (processed - 1, processed)
         )
         if ended:
-            # Saved at the end of the epoch before the loader's (ModelCheckpoint in on_train_epoch_end, or
-            # trainer.save_checkpoint after a fit that max_epochs ended), possibly in a process whose ready and
-            # started counters lag (above): the batch counters still hold that epoch's. A fit with max_steps
-            # restarts the epoch loop from them and trains "batch N" of the next epoch (Lightning 2.5-2.6,
-            # checked on 2.6.6); an uninterrupted process starts it at batch 0.
-            for part in ("current", "total"):
-                counts = epochs[part]
-                counts["ready"] = counts["started"] = counts["completed"] = counts["processed"]
-            # The epoch's batches are all done: none is in flight, whatever a resume in the process that saved
-            # left in the totals (a completed count one behind makes Lightning finish a batch again).
+            # Saved at the end of the epoch before the loader's, possibly in a process whose counters lag or
+            # lead (above). The epoch's batches are all done: none is in flight, whatever a resume in the
+            # process that saved left in the totals (a completed count one behind makes Lightning finish a
+            # batch again).
+            _set_epoch_counters(epochs, ready=epoch, done=epoch)
             total = batch_progress["total"]
             for name in _PROGRESS_FIELDS:
                 in_batch[name] = 0
@@ -539,6 +523,14 @@ def repair_restored_progress(trainer: Any, epoch: int, batches: int) -> None:
                 counts["ready"] = counts["started"] = counts["processed"] + 1
     except (KeyError, TypeError) as err:
         raise _missing("loop progress in the checkpoint", err) from err
+
+
+def _set_epoch_counters(epochs: dict[str, Any], ready: int, done: int) -> None:
+    """``ready`` and ``started`` epochs begun, ``done`` processed and completed, in the current and total counts."""
+    for part in ("current", "total"):
+        counts = epochs[part]
+        counts["ready"] = counts["started"] = ready
+        counts["processed"] = counts["completed"] = done
 
 
 # -- the train iterator, for the tuner's in-place loader switch ---------------------------------------------

@@ -317,16 +317,19 @@ def test_stateful_loader_without_length_is_refused_mid_epoch(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("epochs", [3, 2])
-def test_fit_without_larger_max_steps_from_a_truncated_epoch_is_refused(epochs: int, tmp_path: Path) -> None:
-    # max_steps=7 ends the fit after 2 of epoch 1's 5 batches; the checkpoint counts 2 epochs done. Without a
-    # larger max_steps Lightning would start epoch 2 and drop the other 3 (max_epochs=3), or end the fit at
-    # once without them (max_epochs=2): the mixin refuses while the checkpoint is restored instead.
+def test_fit_without_max_steps_from_a_truncated_epoch_finishes_it(epochs: int, tmp_path: Path) -> None:
+    # max_steps=7 ends the fit after 2 of epoch 1's 5 batches; the checkpoint counts 2 epochs done. Resumed as
+    # written, Lightning would start epoch 2 and drop the other 3 (max_epochs=3), or end the fit at once without
+    # them (max_epochs=2): the mixin restores the counters of an uninterrupted process at that batch.
     case = {"n": 20, "batch_size": 4, "epochs": epochs, "seed": 7}
+    full, _, whole = run(case)
     ckpt = str(tmp_path / "t.ckpt")
-    _, _, trainer = run(dict(case, max_steps=7))
+    before, _, trainer = run(dict(case, max_steps=7))
     trainer.save_checkpoint(ckpt)
-    with pytest.raises(PositionMismatchError, match=r"2 batches into epoch 1, but its loop counts that epoch as fin"):
-        run(case, ckpt_in=ckpt)
+    assert len(before.seen) == 7 * 4
+    after, _, resumed = run(case, ckpt_in=ckpt)
+    assert before.seen + after.seen == full.seen
+    assert (resumed.current_epoch, resumed.global_step) == (whole.current_epoch, whole.global_step)
 
 
 @pytest.mark.parametrize("stop_at", [3, 5, 8])
