@@ -12,18 +12,16 @@ so the order depends on the count) and says so (docs/loaders.md).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import tempfile
 from typing import Any
 
 import litdata
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from _loader_example import FEATURES, arguments, augment, fit, report
+from lightning.pytorch import LightningDataModule
 
 from lightning_loadguard import LoadGuard, ResumableLoaderMixin
-
-FEATURES = 32
 
 
 def sample(index: int) -> dict[str, Any]:
@@ -35,10 +33,7 @@ class Augmented(litdata.StreamingDataset):
 
     def __getitem__(self, index: Any) -> dict[str, Any]:
         item = super().__getitem__(index)
-        x = item["x"]
-        for _ in range(200):
-            x = torch.tanh(x * 1.01)
-        return {"index": item["index"], "x": x}
+        return {"index": item["index"], "x": augment(item["x"])}
 
 
 class LitData(ResumableLoaderMixin, LightningDataModule):
@@ -51,29 +46,8 @@ class LitData(ResumableLoaderMixin, LightningDataModule):
         return litdata.StreamingDataLoader(dataset, batch_size=8, num_workers=self.workers)
 
 
-class Model(LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(FEATURES, 1)
-        self.seen: list[list[int]] = []
-
-    def on_train_epoch_start(self) -> None:
-        self.seen.append([])
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        self.seen[-1].extend(int(i) for i in batch["index"])
-        return self.layer(batch["x"]).pow(2).mean()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=512)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0], workers=2).parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         # optimize sets the process-wide start method (spawn unless told): DataLoader workers would then import
@@ -89,25 +63,9 @@ def main() -> None:
         )
         multiprocessing.set_start_method(before, force=True)
         guard = LoadGuard(auto_tune=True, print_summary=False)
-        model = Model()
-        trainer = Trainer(
-            max_epochs=args.epochs,
-            callbacks=[guard],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            accelerator="cpu",
-        )
-        trainer.fit(model, datamodule=LitData(tmp, args.workers))
+        model = fit(guard, LitData(tmp, args.workers), args.epochs)
 
-    print(f"wait fraction: {guard.metrics['loadguard/wait_fraction']:.2f}")
-    if guard.diagnosis is not None:
-        print(f"verdict: {guard.diagnosis.verdict}")
-    if guard.decision is not None:
-        print(f"auto-tune: {guard.decision.setting.label} ({guard.decision.verdict}): {guard.decision.reason}")
-    every = all(sorted(epoch) == list(range(args.samples)) for epoch in model.seen)
-    print(f"every sample exactly once in each of {len(model.seen)} epochs: {every}")
+    report(guard, model, args.samples)
 
 
 if __name__ == "__main__":
