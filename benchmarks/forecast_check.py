@@ -294,7 +294,7 @@ def batch_bytes(f: Any) -> float:
 
 
 def table(title: str, rows: list[list[str]]) -> str:
-    """A fixed-width table (markdown: it goes into docs/forecast.md as printed)."""
+    """A fixed-width table (markdown: it goes into benchmarks/RESULTS.md as printed)."""
     headers = list(HEADERS[: max(len(row) for row in rows)])
     body = [headers, *rows]
     widths = [max(len(line[i]) for line in body) for i in range(len(headers))]

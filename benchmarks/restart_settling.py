@@ -9,7 +9,7 @@ settled.
 
 Usage::
 
-    python benchmarks/restart_settling.py             # the figures in docs/tuning.md
+    python benchmarks/restart_settling.py             # the figures in benchmarks/RESULTS.md
     python benchmarks/restart_settling.py --fits 2    # quicker
 """
 

@@ -26,7 +26,7 @@ Python's ``random`` crops and flips).
 
 Usage::
 
-    python benchmarks/tune_pipelines.py                     # the table in docs/tuning.md
+    python benchmarks/tune_pipelines.py                     # the table in benchmarks/RESULTS.md
     python benchmarks/tune_pipelines.py --quick             # fewer steps, rounds and grid points
     python benchmarks/tune_pipelines.py --only jpeg_cnn     # some pipelines
 """
