@@ -32,7 +32,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
-from resume_harness import Recorder, make_datamodule
+from resume_harness import Recorder, case_trainer, make_datamodule
 
 NOT_RESUMABLE = "dataloader is not resumable"
 
@@ -90,21 +90,13 @@ def fit_segment(case: dict[str, Any], seg: dict[str, Any], ckpt_in: str | None, 
         callbacks.append(ModelCheckpoint(dirpath=f"{ckpt_dir}/steps", filename="{step}", every_n_train_steps=1))
     if (kill and kill["kind"] == "epoch_end") or save == "epoch_end" or seg.get("epoch_end_checkpoint"):
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=-1))
-    devices = case.get("devices", 1)
-    trainer = pl.Trainer(
+    # Each segment is a forked process of this driver: DDP ranks fork from it too.
+    trainer = case_trainer(
+        case,
+        callbacks,
         max_epochs=seg.get("max_epochs", case.get("epochs", 2)),
         max_steps=seg.get("max_steps", case.get("max_steps", -1)),
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp_fork" if devices > 1 else "auto",
-        limit_train_batches=case.get("limit", 1.0),
-        accumulate_grad_batches=case.get("accumulate", 1),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(callbacks),
-        callbacks=callbacks,
-        logger=False,
-        num_sanity_val_steps=0,
+        strategy="ddp_fork" if case.get("devices", 1) > 1 else "auto",
     )
     model = Killer(case, kill, name_file, log)
     trainer.fit(model, datamodule=make_datamodule(case), ckpt_path=ckpt_in)

@@ -290,6 +290,29 @@ class ValidatingRecorder(Recorder):
         self.validated.append(self.current_epoch)
 
 
+def case_trainer(case: dict[str, Any], callbacks: list[pl.Callback], **overrides: Any) -> pl.Trainer:
+    """The CPU Trainer a case runs under: its ``epochs``, ``max_steps``, ``devices``, ``strategy``, ``limit`` (train
+    batches), ``accumulate`` (gradient batches) and ``reload`` (loaders every n epochs); no logger, progress bar or
+    sanity check. ``overrides`` replace any Trainer argument (a segment's own ``max_steps``)."""
+    arguments: dict[str, Any] = {
+        "max_epochs": case.get("epochs", 2),
+        "max_steps": case.get("max_steps", -1),
+        "accelerator": "cpu",
+        "devices": case.get("devices", 1),
+        "strategy": case.get("strategy", "auto"),
+        "limit_train_batches": case.get("limit", 1.0),
+        "accumulate_grad_batches": case.get("accumulate", 1),
+        "reload_dataloaders_every_n_epochs": case.get("reload", 0),
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": bool(callbacks),
+        "callbacks": callbacks,
+        "logger": False,
+        "num_sanity_val_steps": 0,
+    }
+    return pl.Trainer(**{**arguments, **overrides})
+
+
 def run(
     case: dict[str, Any], *, ckpt_out: str | None = None, ckpt_in: str | None = None, log: str | None = None
 ) -> tuple[Recorder, Data, pl.Trainer]:
@@ -304,21 +327,7 @@ def run(
                 save_top_k=-1,
             )
         )
-    trainer = pl.Trainer(
-        max_epochs=case.get("epochs", 2),
-        max_steps=case.get("max_steps", -1),
-        accelerator="cpu",
-        devices=case.get("devices", 1),
-        strategy=case.get("strategy", "auto"),
-        limit_train_batches=case.get("limit", 1.0),
-        reload_dataloaders_every_n_epochs=case.get("reload", 0),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(callbacks),
-        callbacks=callbacks,
-        logger=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = case_trainer(case, callbacks)
     validate = bool(case.get("validate"))
     model = (ValidatingRecorder if validate else Recorder)(case, ckpt=ckpt_out, log=log)
     data = ValidatedData(case) if validate else make_datamodule(case)
