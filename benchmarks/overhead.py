@@ -51,6 +51,7 @@ from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, time
 
 # The pipelines with known timings and their expected figures live beside the tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from call_timing import adding_to, summed, timed
 from pipelines import quiet_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -138,33 +139,13 @@ class _OwnTime:
     ) -> None:
         """Time every call of ``owner.name`` in the main process: the whole call, less the wall time ``less``
         gained meanwhile (a region timed on its own, called from this one)."""
-        original = getattr(owner, name)
         clock = time.thread_time if cpu else time.perf_counter
         add = self.add_cpu if cpu else self.add
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            before = less[0] if less is not None else 0.0
-            start = clock()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                seconds = clock() - start
-                add(label, seconds - (less[0] - before) if less is not None else seconds)
-
-        self.patch(owner, name, timed)
+        self.patch(owner, name, timed(getattr(owner, name), clock, lambda seconds: add(label, seconds), less))
 
     def wall_total(self, owner: Any, name: str) -> list[float]:
         """The wall time of every call of ``owner.name`` so far, added up in the returned cell."""
-        original = getattr(owner, name)
-        total = [0.0]
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                total[0] += time.perf_counter() - start
-
+        counted, total = summed(getattr(owner, name), time.perf_counter)
         self.patch(owner, name, counted)
         return total
 
@@ -189,34 +170,20 @@ class _OwnTime:
         make_timed = producer._timed
         own = self
 
+        def per_batch(seconds: float) -> None:
+            worker = get_worker_info()
+            if worker is None:
+                own.add("producer meter per batch (in-process fetch)", seconds)
+                return
+            table = own.workers[worker.id % _MAX_WORKERS]
+            made = int(table[0])
+            if made < _WORKER_RING:
+                table[1 + made] = seconds
+                table[0] = made + 1
+
         def measuring(fetch: Callable[..., Any], counters: Any, row: int, *rest: Any) -> Callable[..., Any]:
-            inner = [0.0]
-
-            def fetch_timed(*args: Any) -> Any:
-                start = time.perf_counter()
-                try:
-                    return fetch(*args)
-                finally:
-                    inner[0] = time.perf_counter() - start
-
-            timed = make_timed(fetch_timed, counters, row, *rest)
-
-            def outer(*args: Any) -> Any:
-                start = time.perf_counter()
-                batch = timed(*args)
-                seconds = time.perf_counter() - start - inner[0]
-                worker = get_worker_info()
-                if worker is None:
-                    own.add("producer meter per batch (in-process fetch)", seconds)
-                else:
-                    table = own.workers[worker.id % _MAX_WORKERS]
-                    made = int(table[0])
-                    if made < _WORKER_RING:
-                        table[1 + made] = seconds
-                        table[0] = made + 1
-                return batch
-
-            return outer
+            fetch_timed, inner = summed(fetch, time.perf_counter)
+            return timed(make_timed(fetch_timed, counters, row, *rest), time.perf_counter, per_batch, inner)
 
         self.patch(producer, "_timed", measuring)
 
@@ -225,34 +192,19 @@ class _OwnTime:
         itself (an in-process fetch is made on demand: nothing to peek at)."""
         from torch.utils.data import dataloader
 
-        inner = [0.0]
+        inner = [0.0]  # the wall time of every fetch, in either kind of iterator
         for cls in (dataloader._SingleProcessDataLoaderIter, dataloader._MultiProcessingDataLoaderIter):
-            original_next = cls._next_data
-
-            def next_data(iterator: Any, _original: Any = original_next) -> Any:
-                start = time.perf_counter()
-                try:
-                    return _original(iterator)
-                finally:
-                    inner[0] = time.perf_counter() - start
-
-            self.patch(cls, "_next_data", next_data)
+            self.patch(cls, "_next_data", timed(cls._next_data, time.perf_counter, adding_to(inner)))
 
         observe = loader_probe.LoaderProbe._observe
         own = self
 
+        def around(seconds: float) -> None:
+            own.add("loader probe around each fetch", seconds)
+
         def observing(probe: Any, iterator: Any) -> None:
             observe(probe, iterator)
-            probed = iterator._next_data
-
-            def outer() -> Any:
-                start = time.perf_counter()
-                try:
-                    return probed()
-                finally:
-                    own.add("loader probe around each fetch", time.perf_counter() - start - inner[0])
-
-            iterator._next_data = outer
+            iterator._next_data = timed(iterator._next_data, time.perf_counter, around, inner)
 
         self.patch(loader_probe.LoaderProbe, "_observe", observing)
 
@@ -261,21 +213,12 @@ class _OwnTime:
         make_iterator = loader_probe.LoaderProbe.make_iterator
         own = self
 
+        def setting_up(seconds: float) -> None:
+            own.add_cpu("iterator set-up per epoch", seconds)
+
         def measuring(probe: Any, loader: Any, create: Callable[[], Any]) -> Any:
-            inner = [0.0]
-
-            def timed_create() -> Any:
-                start = time.thread_time()
-                try:
-                    return create()
-                finally:
-                    inner[0] += time.thread_time() - start
-
-            start = time.thread_time()
-            try:
-                return make_iterator(probe, loader, timed_create)
-            finally:
-                own.add_cpu("iterator set-up per epoch", time.thread_time() - start - inner[0])
+            timed_create, inner = summed(create, time.thread_time)
+            return timed(make_iterator, time.thread_time, setting_up, inner)(probe, loader, timed_create)
 
         self.patch(loader_probe.LoaderProbe, "make_iterator", measuring)
 

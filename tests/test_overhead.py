@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from call_timing import adding_to, summed, timed
 from lightning.pytorch import Callback
 from pipelines import quiet_trainer
 from torch.utils.data import get_worker_info
@@ -182,34 +183,12 @@ class _OwnCpu:
             for label, calls in self.seconds.items()
         }
 
-    def region(self, owner: Any, name: str, label: str, less: list[float] | None = None) -> None:
-        original = getattr(owner, name)
+    def timed(self, function: Any, label: str, less: list[float] | None = None) -> Any:
+        """``function`` with each call's CPU time, less what ``less`` gained meanwhile, added to ``label``."""
+        return timed(function, time.thread_time, lambda seconds: self.add(label, seconds), less)
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            before = less[0] if less is not None else 0.0
-            start = time.thread_time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                inner = less[0] - before if less is not None else 0.0
-                self.add(label, time.thread_time() - start - inner)
-
-        self._patch(owner, name, timed)
-
-    def inner(self, owner: Any, name: str) -> list[float]:
-        """The CPU time of every call of ``owner.name``, added up in the returned cell."""
-        original = getattr(owner, name)
-        total = [0.0]
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.thread_time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                total[0] += time.thread_time() - start
-
-        self._patch(owner, name, timed)
-        return total
+    def region(self, owner: Any, name: str, label: str) -> None:
+        self._patch(owner, name, self.timed(getattr(owner, name), label))
 
     def install(self) -> None:
         from torch.utils.data import dataloader
@@ -221,76 +200,36 @@ class _OwnCpu:
             self.region(LoadGuard, name, name)
         for name in ("start", "stop"):
             self.region(_lightning.FetchTimingProfiler, name, "fetch timing")
-        fetch = [0.0]
+        fetch = [0.0]  # the CPU time of every fetch, in either kind of iterator
         for cls in (dataloader._SingleProcessDataLoaderIter, dataloader._MultiProcessingDataLoaderIter):
-            original_next = cls._next_data
-
-            def next_data(iterator: Any, _original: Any = original_next) -> Any:
-                start = time.thread_time()
-                try:
-                    return _original(iterator)
-                finally:
-                    fetch[0] += time.thread_time() - start
-
-            self._patch(cls, "_next_data", next_data)
+            self._patch(cls, "_next_data", timed(cls._next_data, time.thread_time, adding_to(fetch)))
         observe = loader_probe.LoaderProbe._observe
 
         def observing(probe: Any, iterator: Any) -> None:
             observe(probe, iterator)
-            probed = iterator._next_data
-
-            def outer() -> Any:
-                before, start = fetch[0], time.thread_time()
-                try:
-                    return probed()
-                finally:
-                    self.add("loader probe", time.thread_time() - start - (fetch[0] - before))
-
-            iterator._next_data = outer
+            iterator._next_data = self.timed(iterator._next_data, "loader probe", less=fetch)
 
         self._patch(loader_probe.LoaderProbe, "_observe", observing)
         make_timed = producer._timed
 
         def measured(fetch_batch: Any, counters: Any, row: int, *rest: Any) -> Any:
-            made = [0.0]
-
-            def making(*args: Any) -> Any:
-                start = time.thread_time()
-                try:
-                    return fetch_batch(*args)
-                finally:
-                    made[0] += time.thread_time() - start
-
-            timed = make_timed(making, counters, row, *rest)
+            making, made = summed(fetch_batch, time.thread_time)
+            meter = make_timed(making, counters, row, *rest)
+            timed_meter = self.timed(meter, "producer meter", less=made)
 
             def outer(*args: Any) -> Any:
                 if get_worker_info() is not None:
-                    return timed(*args)  # in a worker: its cost is the worker's (the test below)
-                before, start = made[0], time.thread_time()
-                try:
-                    return timed(*args)
-                finally:
-                    self.add("producer meter", time.thread_time() - start - (made[0] - before))
+                    return meter(*args)  # in a worker: its cost is the worker's (the test below)
+                return timed_meter(*args)
 
             return outer
 
         self._patch(producer, "_timed", measured)
-        created = [0.0]
         make_iterator = loader_probe.LoaderProbe.make_iterator
 
         def setting_up(probe: Any, loader: Any, create: Any) -> Any:
-            def timed_create() -> Any:
-                start = time.thread_time()
-                try:
-                    return create()
-                finally:
-                    created[0] += time.thread_time() - start
-
-            before, start = created[0], time.thread_time()
-            try:
-                return make_iterator(probe, loader, timed_create)
-            finally:
-                self.add("iterator set-up", time.thread_time() - start - (created[0] - before))
+            timed_create, created = summed(create, time.thread_time)
+            return self.timed(make_iterator, "iterator set-up", less=created)(probe, loader, timed_create)
 
         self._patch(loader_probe.LoaderProbe, "make_iterator", setting_up)
 
