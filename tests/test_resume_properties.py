@@ -147,72 +147,43 @@ LAYOUT = {
 }
 
 
+# What the explicit examples below share; each names what it changes.
+_EXAMPLE: dict[str, Any] = {
+    "n": 20,
+    "batch_size": 4,
+    "drop_last": False,
+    "limit": None,
+    "accumulate": 1,
+    "val_every": None,
+    "where": "batch_end",
+    "several": False,
+}
+
+
+def _example(**changes: Any) -> Any:
+    return example(**{**_EXAMPLE, **changes})
+
+
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(**LAYOUT)
 # A crash on an epoch's last batch, then one mid-epoch and one at the next validation: the sequences that
 # went wrong when the position was read from Lightning's epoch counters.
-@example(
-    n=20,
-    batch_size=4,
-    drop_last=False,
-    limit=None,
-    accumulate=1,
-    val_every=None,
-    epochs=3,
-    crashes=[(0, "last"), (1, 0.5)],
-    where="batch_end",
-    several=False,
-)
-@example(
-    n=20,
-    batch_size=4,
-    drop_last=False,
-    limit=None,
-    accumulate=2,
-    val_every=0.5,
-    epochs=3,
-    crashes=[(0, "last"), (1, "last"), (2, 0.4)],
-    where="batch_end",
-    several=False,
-)
-@example(
-    n=5,
-    batch_size=1,
-    drop_last=False,
-    limit=None,
-    accumulate=1,
-    val_every=3,
-    epochs=1,
-    crashes=[(0, "last")],
-    where="validation_end",
-    several=False,
-)
-@example(
+@_example(epochs=3, crashes=[(0, "last"), (1, 0.5)])
+@_example(accumulate=2, val_every=0.5, epochs=3, crashes=[(0, "last"), (1, "last"), (2, 0.4)])
+@_example(n=5, batch_size=1, val_every=3, epochs=1, crashes=[(0, "last")], where="validation_end")
+@_example(
     n=17,
     batch_size=3,
     drop_last=True,
     limit=4,
-    accumulate=1,
     val_every=2,
     epochs=3,
     crashes=[(0, "last"), (1, 0.5)],
     where="validation_end",
-    several=False,
 )
-@example(
-    n=20,
-    batch_size=4,
-    drop_last=False,
-    limit=None,
-    accumulate=1,
-    val_every=None,
-    epochs=2,
-    crashes=[(0, 0.6), (0, "last"), (1, 0.4)],
-    where="batch_end",
-    several=True,
-)
+@_example(epochs=2, crashes=[(0, 0.6), (0, "last"), (1, 0.4)], several=True)
 def test_crashes_anywhere_resume_exactly(tmp_path: Path, **params: Any) -> None:
     _check(**params, tmp=tmp_path)
 
