@@ -596,3 +596,34 @@ def consumed_in_epoch(trainer: Any) -> int:
         return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     except AttributeError:
         return 0
+
+
+# -- the loader classes Lightning patches while train_dataloader() runs ---------------------------------------
+# Checked on Lightning 2.4 to 2.6.6: ``_DataConnector``'s ``_request_dataloader`` calls the hook inside
+# ``_replace_dunder_methods(DataLoader, "dataset")`` and ``_replace_dunder_methods(BatchSampler)``, context
+# managers that restore ``__init__``, ``__setattr__`` and ``__delattr__`` after their ``yield`` without a
+# ``finally``. An exception raised by the hook (a refusal among them) leaves both classes and every subclass
+# patched for the rest of the process: each later DataLoader records its arguments in ``__pl_saved_*``
+# attributes, and a second patch stacks on the first.
+_PATCHED_DUNDERS = ("__setattr__", "__delattr__", "__init__")
+
+
+def restore_loader_classes() -> None:
+    """Undo Lightning's patches of ``DataLoader`` and ``BatchSampler`` (and their subclasses), as the context
+    managers would on a normal return; nothing happens where none is in place."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    for base in (DataLoader, BatchSampler):
+        for cls in _with_subclasses(base):
+            for name in _PATCHED_DUNDERS:
+                saved = f"__old{name}"
+                if saved in cls.__dict__:
+                    setattr(cls, name, cls.__dict__[saved])
+                    delattr(cls, saved)
+
+
+def _with_subclasses(cls: type) -> set[type]:
+    found = {cls}
+    for sub in cls.__subclasses__():
+        found |= _with_subclasses(sub)
+    return found

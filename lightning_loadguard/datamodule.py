@@ -21,6 +21,7 @@ from lightning_loadguard._lightning import (
     put_callback_first,
     remove_callback,
     repair_restored_progress,
+    restore_loader_classes,
     shift_restored_batch_count,
     silence_not_resumable_warning,
 )
@@ -701,9 +702,16 @@ def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_train_dataloader(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def train_dataloader(self: ResumableLoaderMixin, *args: Any, **kwargs: Any) -> Any:
-        with _Once(self, "train_dataloader") as outermost:
-            loader = fn(self, *args, **kwargs)
-        return self._loadguard_adapt(loader) if outermost else loader
+        outermost = False
+        try:
+            with _Once(self, "train_dataloader") as outermost:
+                loader = fn(self, *args, **kwargs)
+            return self._loadguard_adapt(loader) if outermost else loader
+        except BaseException:
+            if outermost:
+                # Lightning restores the loader classes it patched for this call only when the call returns.
+                restore_loader_classes()
+            raise
 
     return _mark(train_dataloader)
 

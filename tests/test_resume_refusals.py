@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from resume_harness import Batches, Data, Indexed, run
@@ -159,3 +160,26 @@ def test_a_custom_batch_sampler_on_several_ranks_is_refused() -> None:
     assert make_resumable(loader, seed=0, world_size=1) is not None  # one process: supported
     with pytest.raises(ValueError, match=r"a custom batch sampler \(_Pairs\) cannot be sharded over world_size=2"):
         make_resumable(loader, seed=0, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("raised_by", ["the mixin", "the user's train_dataloader"])
+def test_a_fit_refused_in_train_dataloader_leaves_torchs_loader_classes_as_they_were(raised_by: str) -> None:
+    # Lightning patches DataLoader and BatchSampler while train_dataloader() runs and restores them only when it
+    # returns: a refusal there left every later DataLoader of the process recording its arguments.
+    from lightning_loadguard.synthetic import TimedModule
+
+    before = {cls: dict(vars(cls)) for cls in (DataLoader, BatchSampler, _Pairs)}
+
+    class Refused(Data):
+        def train_dataloader(self) -> Any:
+            if raised_by == "the mixin":
+                return DataLoader(_Counting(), batch_size=2, num_workers=2)
+            raise ValueError("no data today")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        with pytest.raises(ValueError, match=r"num_workers=2 worker processes|no data today"):
+            trainer.fit(TimedModule(), datamodule=Refused({"n": 8, "batch_size": 2}))
+    assert {cls: dict(vars(cls)) for cls in before} == before
+    assert not any(name.startswith("_DataLoader__pl") or "__pl_" in name for name in vars(DataLoader(range(4))))
