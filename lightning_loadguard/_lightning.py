@@ -362,18 +362,37 @@ def align_with_lightning_restart(trainer: Any) -> int:
             epoch_loop._batches_that_stepped = fit_state["epoch_loop.state_dict"]["_batches_that_stepped"]
             # The setter decides again from the epoch counters whether an epoch is still unfinished.
             fit_loop.restarting = True
-        epochs = fit_state["epoch_progress"]["current"]
-        at_epoch_boundary = epochs["ready"] == epochs["started"] == epochs["processed"]
-        if (
-            not modern_resume
-            and at_epoch_boundary
-            and epochs["processed"] > 0
-            and not fit_loop._iteration_based_training()
-        ):
+        if not modern_resume and _at_a_later_epochs_start(fit_state, fit_loop):
             return 2
     except (AttributeError, KeyError, TypeError) as err:
         raise _missing("loop progress", err) from err
     return 1
+
+
+def iterates_twice_on_resume(trainer: Any) -> bool:
+    """Whether this fit, resumed at an epoch's start after epoch 0, iterates the train loader twice before its
+    first step (Lightning before 2.6 without ``_FitLoop.is_resuming``; see :func:`align_with_lightning_restart`):
+    the batch the first iterator read ahead is lost where the dataset keeps its place between iterations."""
+    fit_loop = trainer.fit_loop
+    if trainer.ckpt_path is None or hasattr(fit_loop, "is_resuming"):
+        return False
+    pending = loaded_checkpoint(trainer)
+    try:
+        if pending:
+            fit_state = pending.get("loops", {}).get("fit_loop")
+            if fit_state is None:
+                return False
+        else:
+            fit_state = {"epoch_progress": fit_loop.epoch_progress.state_dict()}
+        return _at_a_later_epochs_start(fit_state, fit_loop)
+    except (AttributeError, KeyError, TypeError) as err:
+        raise _missing("loop progress", err) from err
+
+
+def _at_a_later_epochs_start(fit_state: dict[str, Any], fit_loop: Any) -> bool:
+    epochs = fit_state["epoch_progress"]["current"]
+    at_epoch_boundary = epochs["ready"] == epochs["started"] == epochs["processed"]
+    return at_epoch_boundary and epochs["processed"] > 0 and not fit_loop._iteration_based_training()
 
 
 def _finish_saved_batch(fit_state: dict[str, Any], trainer: Any) -> bool:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_loadguard._lightning import (
     align_with_lightning_restart,
     batches_done_in_epoch,
+    iterates_twice_on_resume,
     put_callback_first,
     remove_callback,
     repair_restored_progress,
@@ -385,6 +386,17 @@ class ResumableLoaderMixin:
                 "Return a plain DataLoader (the mixin rebuilds it exactly)",
             )
         if isinstance(loader.dataset, IterableDataset) and not is_stateful(loader.dataset):
+            if not self.allow_inexact_resume and iterates_twice_on_resume(trainer):
+                raise PositionMismatchError(
+                    f"cannot resume at the start of epoch {trainer.current_epoch} exactly from "
+                    f"{trainer.ckpt_path}: Lightning {pl.__version__} iterates the train loader twice when a fit "
+                    f"resumes at an epoch's start after epoch 0 (2.6 once), and "
+                    f"{type(loader.dataset).__qualname__} is an IterableDataset without state_dict()/"
+                    "load_state_dict(): where it keeps its place between iterations, the batch the first "
+                    "iteration read ahead is never trained. Implement state_dict()/load_state_dict() on the "
+                    "dataset (the mixin then starts both iterations from the saved state), use Lightning 2.6, "
+                    "or set allow_inexact_resume = True on the DataModule to continue as Lightning does"
+                )
             return self._loadguard_unpositioned(
                 loader,
                 trainer,

@@ -61,6 +61,12 @@ def test_a_resume_at_an_epochs_start_runs_every_sample_once(sampler: str, tmp_pa
         before, _, _ = run(dict(case, stop_kind="epoch_end", stop_at=0), ckpt_out=ckpt)
     # The fresh fit says once that its checkpoints resume exactly only at an epoch's start.
     assert sum("resuming inside an epoch will be refused" in str(w.message) for w in caught) == 1
+    if sampler == "plain_iterable" and not hasattr(pl.Trainer(logger=False).fit_loop, "is_resuming"):
+        # Lightning before 2.6 iterates the loader twice on this resume: the stream, which keeps its place, would
+        # lose the batch the first iteration read ahead.
+        with pytest.raises(PositionMismatchError, match=r"iterates the train loader twice .* Stream is an Iterab"):
+            run(case, ckpt_in=ckpt)
+        return
     after, _, _ = run(case, ckpt_in=ckpt)
     assert len(before.seen) == 20
     assert len(after.seen) == 40
