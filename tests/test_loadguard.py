@@ -398,7 +398,7 @@ def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
 ) -> None:
     class StopsAt(_LoggingModule):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if batch_idx == 7:
+            if batch_idx == 3:
                 self.trainer.should_stop = True
             return super().training_step(batch, batch_idx)
 
@@ -408,9 +408,11 @@ def test_a_run_told_to_stop_on_a_step_without_the_hooks_logs_that_step(
     trainer.fit(StopsAt(step_s=0.0005), timed_loader(TimedDataset(80), batch_size=4))
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert 7 not in hooked  # the step that stopped training ran without LoadGuard's hooks
-    assert _steps_with(rows, "train_loss") == {7}  # Lightning logs the step training was told to stop on
-    assert _steps_with(rows, "loadguard/wait_fraction") == {7}
+    # Hooked on steps 0 and 1, the hooks then rest for at least HOOKED_EVERY (4) fetches, however long a step takes:
+    # step 3 runs without LoadGuard's hooks on a quiet host as on a busy one.
+    assert 3 not in hooked
+    assert _steps_with(rows, "train_loss") == {3}  # Lightning logs the step training was told to stop on
+    assert _steps_with(rows, "loadguard/wait_fraction") == {3}
 
 
 def test_a_stop_publishes_on_the_same_steps_whether_the_hooks_rested_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
