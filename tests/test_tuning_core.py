@@ -578,3 +578,26 @@ def test_a_window_that_failed_to_measure_on_one_rank_is_broken_on_every_rank() -
     good, lost = ranks.row(window(50.0, 0.010, 0.02), failed=False), ranks.row(None, failed=False)
     assert len(good) == len(lost)  # every rank still meets the others in the gather, with a row of one length
     assert ranks.broken([good, lost]) and ranks.broken([lost, good]) and not ranks.broken([good, good])
+
+
+@pytest.mark.parametrize("cap", [None, 12])
+def test_a_producer_thousands_of_times_slower_than_the_step_costs_a_few_replays(
+    cap: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Little's law asks for 500 workers (0.5 s a batch against a 1 ms step); searching every count up to four times
+    # that by buffer replay took minutes inside one training step.
+    from lightning_loadguard.tuning import planner as planner_module
+
+    replays: list[int] = []
+
+    def never_absorbed(*args: object) -> float:
+        replays.append(1)
+        return 1.0  # bursts no count absorbs: the scan's longest path
+
+    monkeypatch.setattr(planner_module, "replayed_wait", never_absorbed)
+    budget = HostBudget(2, "cores", user_max_workers=cap)
+    planner = Planner(LoaderSettings(1, 2), budget, FAST, epoch_steps=400)
+    proposal = planner.record(window(2.0, 0.001, 0.5))
+    assert proposal is not None
+    assert proposal.num_workers <= (cap or planner_module.MAX_SEARCH_WORKERS)
+    assert len(replays) <= planner_module.MAX_REPLAYS

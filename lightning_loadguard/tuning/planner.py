@@ -39,6 +39,13 @@ PROBE_BUDGET = "probe_budget"
 PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
+MAX_SEARCH_WORKERS = 256
+"""The most workers the search proposes where no cap or wall says fewer (Little's law on a slow producer and a
+fast step can ask for thousands)."""
+
+MAX_REPLAYS = 48
+"""Worker counts the search replays at most, per window, to find the one that absorbs the bursts."""
+
 MAX_WINDOWS = 3
 """Windows an arm is measured at most: a third halves the noise of one; more buy little for their steps."""
 
@@ -325,16 +332,23 @@ class Planner:
         steps = [a.window.mean_step_s for a in self.arms.values() if a.window.mean_step_s > 0]
         if production is None or not steps:
             return 2 * max(1, arm.setting.num_workers)
-        wanted = workers_needed(production, 1.0 / min(steps))
-        # The mean hides bursts: the fewest workers from Little's law's count whose replayed wait is negligible.
-        step_profile = _profile(arm.window.step_s)
-        for more in range(wanted, 4 * wanted + 1):
-            if replayed_wait(_profile(arm.window.production_s), step_profile, more, arm.setting.prefetch) < WAIT_OK:
-                wanted = more
-                break
+        wanted = min(workers_needed(production, 1.0 / min(steps)), self._ceiling())
         if self.budget.workers_bound == CORES and wanted > self.budget.max_workers >= arm.setting.num_workers + 1:
             return self.budget.max_workers
+        # The mean hides bursts: the fewest workers from Little's law's count whose replayed wait is negligible (a
+        # scan, not a bisection: a periodic burst can fall on the same workers at one count and not at the next),
+        # over at most MAX_REPLAYS counts, so that a window's cost stays bounded however far Little's law points.
+        production_profile, step_profile = _profile(arm.window.production_s), _profile(arm.window.step_s)
+        for more in range(wanted, min(4 * wanted, self._ceiling(), wanted + MAX_REPLAYS - 1) + 1):
+            if replayed_wait(production_profile, step_profile, more, arm.setting.prefetch) < WAIT_OK:
+                return more
         return wanted
+
+    def _ceiling(self) -> int:
+        """The most workers any proposal may name: the user's cap or the budget's wall, else
+        :data:`MAX_SEARCH_WORKERS`."""
+        cap = self.budget.user_max_workers if self.budget.workers_bound == CORES else self.budget.max_workers
+        return max(1, min(MAX_SEARCH_WORKERS, cap if cap is not None else MAX_SEARCH_WORKERS))
 
     def _at(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
         """``base`` with ``workers``, clamped by the walls (memory, the user's cap); ``None`` where the clamp
