@@ -669,6 +669,14 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
         prefetch_factor=what_if.prefetch_factor or facts.prefetch_factor,
         pin_memory=facts.pin_memory if what_if.pin_memory is None else what_if.pin_memory,
     )
+    processes = ranks * (settings.num_workers + 1)
+    if processes > usable:
+        notes.append(
+            f"{processes} training processes and loader workers share {usable:g} cores: the cores are shared fairly "
+            "here, at no cost for switching between them; on such a host the wait was measured above this forecast "
+            "and the throughput below it (benchmarks/RESULTS.md), so read the wait as a lower bound and the "
+            "throughput as an upper one"
+        )
     k, b = what_if.step_speedup, what_if.batch_scale
     step_cpu = facts.step_cpu_s
     if step_cpu is None:
