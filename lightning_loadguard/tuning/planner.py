@@ -344,18 +344,19 @@ class Planner:
                 return more
         return wanted
 
+    def _cap(self) -> int | None:
+        """The wall on the worker count: the user's cap past a predicted core limit, else the budget's."""
+        return self.budget.user_max_workers if self.budget.workers_bound == CORES else self.budget.max_workers
+
     def _ceiling(self) -> int:
-        """The most workers any proposal may name: the user's cap or the budget's wall, else
-        :data:`MAX_SEARCH_WORKERS`."""
-        cap = self.budget.user_max_workers if self.budget.workers_bound == CORES else self.budget.max_workers
+        """The most workers any proposal may name: :meth:`_cap`, else :data:`MAX_SEARCH_WORKERS`."""
+        cap = self._cap()
         return max(1, min(MAX_SEARCH_WORKERS, cap if cap is not None else MAX_SEARCH_WORKERS))
 
     def _at(self, base: LoaderSettings, workers: int, note: str) -> _Proposal | None:
         """``base`` with ``workers``, clamped by the walls (memory, the user's cap); ``None`` where the clamp
         leaves nothing new."""
-        cap = self.budget.user_max_workers
-        if self.budget.workers_bound != CORES:
-            cap = self.budget.max_workers
+        cap = self._cap()
         if cap is not None and workers > cap:
             workers, self._clamped = cap, "max_workers"
         if workers < 1:
