@@ -42,8 +42,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- measure and diagnose -------------------------------------------------------------------------------------
 
 WINDOW = 21
-CAPACITY_TOLERANCE = 0.05  # relative, as tests/test_accuracy.py: the batch's clock starts at its first sample
-ITERABLE_CAPACITY_TOLERANCE = 0.10  # 5.4 % seen on WebDataset at a load of 14 on 2 cores (see the test)
+# The dataset's clock starts at a batch's first transform, after the library read the batch's rows (see the test):
+# LoadGuard's capacity may fall below it by that read, and rise above it only by noise.
+CAPACITY_ABOVE = 0.05  # relative, as tests/test_accuracy.py
+CAPACITY_BELOW = 0.10  # 5.4 % on WebDataset at a load of 14 on 2 cores; 5.3 % on hf_map on a quiet host
 WAIT_TOLERANCE_REL, WAIT_TOLERANCE_ABS = 0.02, 0.002
 DATA_BOUND = {"num_workers": 2, "sample_s": 0.006}  # 2 workers at 24 ms a batch: ~80 batches/s at most
 DATA_BOUND_STEP_S = 0.004  # the step takes 250 a second: the loop waits for data
@@ -124,6 +126,7 @@ def test_figures_match_the_datasets_own_clock(library: str, files: Path) -> None
         misses = _figure_misses(library, files)
         if not misses:
             return
+        _data_bound_runs.pop(library)  # the next measurement is a new fit
     raise AssertionError(f"{library}: in {MEASUREMENTS} fits, the last missed: " + "; ".join(misses))
 
 
@@ -137,12 +140,16 @@ def _figure_misses(library: str, files: Path) -> list[str]:
     metrics = guard.metrics
     misses = []
     # Capacity: workers over the mean time a batch took, from its first sample's start to its collate's end.
-    # An iterable's clock starts at its first sample's transform, after the library read and decoded that sample
-    # (a tar member, a Parquet row): LoadGuard's busy time holds that read too, which a busy host stretches.
-    tolerance = CAPACITY_TOLERANCE if library == "hf_map" else ITERABLE_CAPACITY_TOLERANCE
+    # That clock starts at the first sample's transform, after the library read the sample (a tar member, a
+    # Parquet row) or the whole batch (Hugging Face's map-style ``__getitems__`` reads and formats the batch's
+    # rows first: 1.4 to 1.6 ms of a 30 ms batch in 2 workers on 2 cores, timed around that call). LoadGuard's
+    # busy time holds the read, which a busy host stretches, so it may only read slower than the clock.
     capacity = metrics["loadguard/producer_rate"]
-    if capacity != pytest.approx(seen.capacity, rel=tolerance):
-        misses.append(f"producer_rate {capacity:.2f} against the dataset's {seen.capacity:.2f} +- {tolerance:.0%}")
+    if not seen.capacity * (1 - CAPACITY_BELOW) <= capacity <= seen.capacity * (1 + CAPACITY_ABOVE):
+        misses.append(
+            f"producer_rate {capacity:.2f} against the dataset's {seen.capacity:.2f} "
+            f"(-{CAPACITY_BELOW:.0%}, +{CAPACITY_ABOVE:.0%})"
+        )
     # The wait: within Lightning's profiler's fetches, and no less than the batches were late by the dataset's
     # own clock.
     wait = metrics["loadguard/wait_fraction"]
