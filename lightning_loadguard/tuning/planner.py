@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
@@ -82,7 +83,17 @@ class Arm:
         return relative_error(rates)
 
 
-def gain(a: Arm, b: Arm) -> tuple[float, float]:
+class Measured(Protocol):
+    """A measured rate and its relative standard error (an :class:`Arm`, or figures kept from one)."""
+
+    @property
+    def rate(self) -> float: ...
+
+    @property
+    def error(self) -> float: ...
+
+
+def gain(a: Measured, b: Measured) -> tuple[float, float]:
     """How much faster ``a`` measured than ``b`` (relative), and the noise of that difference
     (:func:`~lightning_loadguard.model.noise.comparison_noise`); infinite noise where ``b`` measured no rate.
 
@@ -97,7 +108,7 @@ def gain(a: Arm, b: Arm) -> tuple[float, float]:
     return a.rate / b.rate - 1, comparison_noise(a.error, b.error)
 
 
-def beats(a: Arm, b: Arm, margin: float) -> bool:
+def beats(a: Measured, b: Measured, margin: float) -> bool:
     """The one comparison: ``a`` faster than ``b`` by ``margin`` and by more than the noise."""
     g, noise = gain(a, b)
     return g >= margin and g > noise
