@@ -112,8 +112,8 @@ class TunerAdapter:
         """Whether the tuner needs :meth:`on_train_batch_end` on every step (while it probes)."""
         return self.session.probing
 
-    def on_train_batch_end(self, trainer: pl.Trainer) -> None:
-        self.session.on_train_batch_end(_LightningPort(trainer))
+    def on_train_batch_end(self, trainer: pl.Trainer, logging_step: bool = False) -> None:
+        self.session.on_train_batch_end(_LightningPort(trainer), logging_step)
 
     def teardown(self) -> None:
         self.session.teardown()

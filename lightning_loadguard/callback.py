@@ -418,11 +418,12 @@ class LoadGuard(_pl.Callback):
                 self._monitor.step_ended()
             except Exception as err:
                 self._switch_off(_STEP_TIMING, err)
-        if self._log_due:
+        logging_step = self._log_due
+        if logging_step:
             self._log_due = False
             self._publish(trainer)
         if self._tuner is not None:
-            self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer)
+            self._guarded("auto-tuning", self._tuner.on_train_batch_end, trainer, logging_step)
         self._guarded("resting the per-step hooks", self._rest_hooks, _pl.log_step(trainer) + 1)
 
     @override

@@ -62,6 +62,10 @@ class TuneDecision:
         probe_steps: steps run under probed settings other than the user's.
         probe_budget_steps: steps probing was allowed.
         probe_cost_s: time the probes cost over running those steps at the chosen setting's rate.
+        retunes: how many times the tuner probed again after its first decision (``TuneOptions(retune=True)``);
+            after a re-tune, ``throughput_before`` and the candidates are those of the latest probing, which
+            started from the settings then running.
+        retuned: why it probed again the latest time ("" for the first decision).
 
     Example:
         >>> d = TuneDecision(num_workers=3, prefetch_factor=2, persistent_workers=False, pin_memory=False,
@@ -85,6 +89,8 @@ class TuneDecision:
     probe_steps: int = 0
     probe_budget_steps: int = 0
     probe_cost_s: float = 0.0
+    retunes: int = 0
+    retuned: str = ""
 
     @classmethod
     def of(cls, setting: LoaderSettings, **evidence: Any) -> TuneDecision:
@@ -120,6 +126,8 @@ class TuneDecision:
             lines.append(f"{c.setting.label + chosen:<36} {rate:>9} {producer:>13} {c.steps:>6}  {note}")
         lines.append("-" * 80)
         lines.append(f"decision: {self.setting.label} ({self.verdict}); {self.reason}")
+        if self.retuned:
+            lines.append(f"probed again (re-tune {self.retunes}) because {self.retuned}")
         probed = sum(not c.setting.same_loader(self.original) for c in self.candidates)
         free = "your settings' rows are free" if len(self.candidates) - probed > 1 else "your settings' row is free"
         lines.append(
@@ -130,8 +138,11 @@ class TuneDecision:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for a checkpoint (the form 0.1.0 wrote: settings as their four fields)."""
+        """Plain data for a checkpoint (the form 0.1.0 wrote: settings as their four fields; a re-tuned decision adds
+        ``retunes`` and ``retuned``)."""
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if not self.retunes:  # a first decision keeps the form 0.1.0 reads
+            del data["retunes"], data["retuned"]
         data["original"] = self.original.to_dict()
         data["candidates"] = tuple(
             {name: getattr(c, name) for name in c.__dataclass_fields__} | {"setting": c.setting.to_dict()}

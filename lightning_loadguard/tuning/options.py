@@ -66,6 +66,10 @@ class TuneOptions:
             keeps the untuned samples and order, the draws moved into workers follow torch's worker seeding
             (as with ``num_workers`` changed by hand), and where the shuffle order is drawn from a stream
             those draws advanced, later epochs hold every sample once in another order (said once).
+        retune: ``True`` (default): after deciding, keep watching the chosen setting's windows, and where its
+            rate moves beyond ``min_gain`` and the noise over several windows in a row while the loop waits for
+            data (another job took the cores, the step got faster), probe again from the running setting, as in
+            epoch 0 (same samples, same order, the same probe share of the steps it spans). ``False``: decide once.
 
     Example:
         >>> TuneOptions(probe_share=0.1, memory_share=0.25).probe_share
@@ -99,6 +103,7 @@ class TuneOptions:
     tune_persistent_workers: bool = True
     persistent_min_share: float = 0.02
     keep_random_draws: bool = False
+    retune: bool = True
 
     def __post_init__(self) -> None:
         _share("probe_share", self.probe_share)
@@ -116,8 +121,9 @@ class TuneOptions:
                 f"TuneOptions.tune_persistent_workers must be True or False, got {self.tune_persistent_workers!r}"
             )
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
-        if not isinstance(self.keep_random_draws, bool):
-            raise ValueError(f"TuneOptions.keep_random_draws must be True or False, got {self.keep_random_draws!r}")
+        for name in ("keep_random_draws", "retune"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TuneOptions.{name} must be True or False, got {getattr(self, name)!r}")
 
 
 def longest_probe(options: TuneOptions, window_steps: int) -> int:

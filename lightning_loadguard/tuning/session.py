@@ -41,6 +41,7 @@ from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions, options_to_start
 from lightning_loadguard.tuning.planner import PROFILE_LENGTH, Planner, model_only_decision
 from lightning_loadguard.tuning.sharding import worker_sharding
+from lightning_loadguard.tuning.watch import DecisionWatch, HostChange, WatchReference
 
 __all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner_budget", "tuner_reach"]
 
@@ -48,6 +49,7 @@ T = TypeVar("T")
 
 _STATE_VERSION = 1
 _KEPT = ("no_gain", "compute_bound")  # the verdicts that tell the user "your settings are kept"
+_WATCHED = ("improved", *_KEPT)  # the decisions a re-tune may revisit (probed, map-style)
 _WATCHED_STEPS = 3
 
 
@@ -329,13 +331,21 @@ class TuningSession:
         self._order_note: str | None = None  # said once, when loading first moves into workers
         self._declined: str | None = None  # why this fit's tuner does not probe worker counts
         self._broken: tuple[str, BaseException] | None = None  # a step of this rank failed (see _together)
+        # After a decision (TuneOptions.retune): the chosen setting's windows, read at the calls after it.
+        self._decision_watch: DecisionWatch | None = None
+        self._watch_mark: WindowMark | None = None
+        self._watch_epoch = 0
+        self._watch_from = 0  # the monitor's step count from which the running setting has settled
+        self._retune_due: HostChange | None = None
+        self._previous: TuneDecision | None = None  # the decision a re-tune under way started from
+        self._retune_reason = ""
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
         state = dict(self.__dict__)
         state.update(
             _loader=None, _tap=None, _active=False, _stand_ins=[], _draws=None, _port=None, _broken=None,
-            _order_note=None,
+            _order_note=None, _decision_watch=None, _watch_mark=None, _retune_due=None, _previous=None,
         )
         return state
 
@@ -345,6 +355,7 @@ class TuningSession:
         """The loop built its train loaders and has not started their iterator yet."""
         self._port = port
         if self.decision is not None:
+            self._stop_watching()  # the loop built new loaders: the watched one is gone
             self._apply_decision(loaders)
             return
         self._stop_probing()
@@ -409,20 +420,24 @@ class TuningSession:
 
     @property
     def probing(self) -> bool:
-        """Whether probing is under way (or its order tap still listens): every step counts."""
-        return self._active or self._tap is not None
+        """Whether probing is under way (or its order tap still listens for the rest of the decision's epoch):
+        every step counts. Watching the decision reads windows at the calls it gets (logging steps)."""
+        return self._active or (self._tap is not None and self._decision_watch is None)
 
-    def on_train_batch_end(self, port: TrainerPort) -> None:
-        """A training step ended."""
+    def on_train_batch_end(self, port: TrainerPort, logging_step: bool = False) -> None:
+        """A training step ended (``logging_step``: one of the logging steps, which every rank calls on)."""
         self._port = port
         try:
-            self._advance(port)
+            self._advance(port, logging_step)
         except _Abandoned as stop:
             self._abandon(port, stop)
 
-    def _advance(self, port: TrainerPort) -> None:
+    def _advance(self, port: TrainerPort, logging_step: bool = False) -> None:
         if not self._active:
-            if self._tap is not None and port.current_epoch != self._epoch:
+            if self._decision_watch is not None:
+                if logging_step:
+                    self._watch_decision(port)
+            elif self._tap is not None and port.current_epoch != self._epoch:
                 self._stop_probing()
             return
         if port.current_epoch != self._epoch:
@@ -470,8 +485,9 @@ class TuningSession:
 
     def teardown(self) -> None:
         """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
-        if self._active and self.decision is None and self._loader is not None and self._planner is not None:
-            # Fit ended while probing: the user's loader keeps the user's settings.
+        if self._active and self._loader is not None and self._planner is not None:
+            # Fit ended while probing: the loader keeps the settings probing started from (the user's, or after a
+            # decision those it chose).
             original = self._planner.original
             apply_settings(
                 self._loader,
@@ -606,7 +622,7 @@ class TuningSession:
         self._progress(
             f"probing {setting.label} ({planner.current_note}); probe steps "
             f"{planner.probe_steps + planner.steps_for(setting)}/{planner.budget_steps} of "
-            + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else "epoch 0")
+            + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else f"epoch {self._first_epoch}")
         )
         if planner.continuing:
             self._switch_started = time.perf_counter()  # measured again as it runs: no restart
@@ -642,8 +658,8 @@ class TuningSession:
         batch, and no collective of the tuner follows."""
         self._active = False
         self._broken = None
-        self.decision = None
-        kept = "Your settings are kept"
+        self.decision, self._previous = self._previous, None
+        kept = "Your settings are kept" if self.decision is None else f"{self.decision.setting.label} is kept"
         loader, planner = self._loader, self._planner
         try:
             if loader is not None and planner is not None and self._tap is not None:
@@ -838,8 +854,14 @@ class TuningSession:
             self._keep_seed_draws(loader, decision)
         # The recorded order stays until epoch 0 ends: a failure of the chosen setting can still go back.
         self._active = False
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            decision = replace(
+                decision, original=previous.original, retunes=previous.retunes + 1, retuned=self._retune_reason
+            )
         self.decision = decision
         self._report(port, decision)
+        self._start_watching(decision)
 
     def _agree_decision(self, port: TrainerPort, decision: TuneDecision) -> TuneDecision:
         if port.world_size <= 1:
@@ -848,9 +870,90 @@ class TuningSession:
 
     def _stop_probing(self) -> None:
         self._active = False
+        self._stop_watching()
         if self._tap is not None and self._loader is not None:
             self._tap.remove(self._loader)
         self._tap = None
+
+    # -- after the decision: watching it, and probing again --------------------------------------------
+
+    def _start_watching(self, decision: TuneDecision) -> None:
+        """Watch the chosen setting's windows where it was probed (``TuneOptions.retune``); the order tap stays
+        so that a re-tune can restart the loader mid-epoch as the first probing did."""
+        planner = self._planner
+        if not self.options.retune or decision.verdict not in _WATCHED or self._tap is None or planner is None:
+            return
+        arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), None)
+        if arm is None or arm.rate <= 0:
+            return
+        self._decision_watch = DecisionWatch(WatchReference.of(arm), self.options.min_gain)
+        self._watch_mark = None
+        self._watch_from = self.monitor.total_steps + self.options.warmup_steps
+
+    def _stop_watching(self) -> None:
+        self._decision_watch = None
+        self._watch_mark = None
+        self._retune_due = None
+
+    def _watch_decision(self, port: TrainerPort) -> None:
+        """A logging step after the decision (every rank calls here on the same steps, while other calls depend on
+        each rank's step times): cut the chosen setting's window where one is complete,
+        and probe again where a change held (on every rank where one saw it)."""
+        watch, planner = self._decision_watch, self._planner
+        assert watch is not None and planner is not None
+        change: HostChange | None = None
+        total = self.monitor.total_steps
+        if port.current_epoch != self._watch_epoch:
+            self._watch_epoch, self._watch_mark = port.current_epoch, None  # a window never spans an epoch's end
+        if self._watch_mark is None:
+            if port.consumed_in_epoch() >= self.options.warmup_steps and total >= self._watch_from:
+                self._watch_mark = self.monitor.mark()
+        elif total - self._watch_mark.steps >= planner.window_steps and not self._at_epoch_end(port):
+            window = self._measured(port, self._watch_mark)
+            self._watch_mark = self.monitor.mark()
+            change = watch.record(window)
+        due = change is not None
+        if port.world_size > 1:
+            due = port.any_rank(due)
+        if due:
+            self._retune_due = change or self._retune_due or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
+        if self._retune_due is not None:
+            try:
+                self._together(port, "setting up the re-tune", lambda: self._start_retune(port))
+            except _Abandoned as stop:
+                self._abandon(port, stop)
+
+    def _at_epoch_end(self, port: TrainerPort) -> bool:
+        # The epoch's last step also waits on what ends the epoch: its window is left for the next epoch's.
+        steps = port.epoch_steps(self._loader)
+        return steps is not None and port.consumed_in_epoch() >= steps
+
+    def _start_retune(self, port: TrainerPort) -> None:
+        """Probe again from the running setting, over the rest of this epoch (or the next, where the rest holds
+        no candidate: the change stays due until an epoch's start)."""
+        change, loader, decision = self._retune_due, self._loader, self.decision
+        assert change is not None and loader is not None and decision is not None
+        steps = port.epoch_steps(loader)
+        if steps is None:
+            self._stop_watching()
+            return
+        current = settings_of(loader)
+        self._budget = self._host_budget(port)
+        planner = Planner(current, self._budget, self.options, max(0, steps - port.consumed_in_epoch()),
+                          pinning_helps=port.pinning_helps, span_epochs=1)
+        if not planner.can_start():
+            return
+        self._retune_reason = change.reason if change.rate_now > 0 else "the windows changed on another rank"
+        self._stop_watching()
+        self._previous = decision
+        self._planner = planner
+        self._good = current
+        self._active = True
+        self._epoch = self._first_epoch = port.current_epoch
+        self._step = 0
+        self._window_start = None
+        self._say(f"auto-tuning probes again: {self._retune_reason}.")
+        self._progress(f"measuring {current.label} again, then probing over the rest of epoch {self._epoch}")
 
     def _report(self, port: TrainerPort, decision: TuneDecision) -> None:
         if port.global_rank != 0:

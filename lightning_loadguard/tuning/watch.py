@@ -3,10 +3,12 @@
 The tuner decides on the windows of its first epochs. Another job that takes the cores, a step that gets faster
 or slower, a heavier data phase: each moves the rate the chosen setting sustains. :class:`DecisionWatch` reads
 the windows the chosen setting runs after the decision and asks the tuner's one comparison
-(:func:`~lightning_loadguard.tuning.planner.beats`) of each against the decision's own measurement. A change
-that holds over :data:`HOLD_WINDOWS` windows in a row, in one direction, while the loop waits for data (a loader
-setting could win something back), is a reason to probe again. A step that got slower while the loader keeps up
-is not: no setting of the loader helps it. Plain Python, driven by windows, like the planner.
+(:func:`~lightning_loadguard.tuning.planner.beats`) of each against the decision's own measurement. A window has
+changed when its rate moved beyond ``min_gain`` and the noise *and* the share of the loop's time a faster loader
+could win back grew by at least ``min_gain`` over the decision's: the data side fell behind (a slower producer, or
+a faster step it no longer keeps up with). A step that got slower, or faster with the loader keeping up, is not
+a change: no loader setting would win anything more. A change that holds over :data:`HOLD_WINDOWS` windows in a
+row, in one direction, is a reason to probe again. Plain Python, driven by windows, like the planner.
 """
 
 from __future__ import annotations
@@ -26,16 +28,17 @@ this with 1 and 2: fewer re-tune on the noise of a shared host, and with more a 
 
 @dataclass(frozen=True)
 class WatchReference:
-    """What the decision measured for the setting it chose: the rate it sustained and that rate's relative
-    standard error."""
+    """What the decision measured for the setting it chose: the rate it sustained, that rate's relative standard
+    error, and the share of the loop's time a faster loader could still have won back."""
 
     setting: LoaderSettings
     rate: float
     error: float
+    winnable: float = 0.0
 
     @classmethod
     def of(cls, arm: Arm) -> WatchReference:
-        return cls(arm.setting, arm.rate, arm.error)
+        return cls(arm.setting, arm.rate, arm.error, _winnable(arm))
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,9 @@ class DecisionWatch:
 
     def _moved(self, arm: Arm) -> int:
         """+1 (faster) or -1 (slower) where ``arm`` moved from the reference beyond ``min_gain`` and the noise
-        while the loop waits for data; 0 otherwise."""
-        if _winnable(arm) < WAIT_OK or not math.isfinite(arm.error):
+        while the share a loader could win back grew by ``min_gain``; 0 otherwise."""
+        winnable = _winnable(arm)
+        if winnable < max(WAIT_OK, self.reference.winnable + self.min_gain) or not math.isfinite(arm.error):
             return 0
         if beats(arm, self.reference, self.min_gain):
             return 1

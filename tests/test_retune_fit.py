@@ -1,0 +1,112 @@
+"""Re-tuning inside a real fit: a data phase that gets heavier after the decision is probed again, in the untuned
+order, and the faster setting it finds holds on the test's own clock."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import warnings
+from typing import Any
+
+import torch
+from pipelines import quiet_trainer
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_loadguard._lightning import pl
+from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.synthetic import TimedModule
+from lightning_loadguard.tuning.session import TuneOptions
+
+LIGHT_S, HEAVY_S = 0.00025, 0.025  # per sample, slept (I/O): 1 ms and 100 ms a batch of 4, on any host's cores
+STEP_S = 0.01  # 100 steps/s: one worker keeps up with the light phase (1000 batches/s); the heavy one needs ten
+LENGTH, BATCH = 480, 4  # 120 steps an epoch
+HEAVY_CEILING = 1 / (BATCH * HEAVY_S)  # steps/s one worker sustains in the heavy phase, from the costs
+OPTIONS = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+
+
+class PhasedDataset(Dataset):
+    """Samples that cost ``LIGHT_S`` until :attr:`heavy` is set, then ``HEAVY_S``; the flag lives in shared
+    memory, so workers that exist when it is set see it too."""
+
+    def __init__(self) -> None:
+        self.heavy = multiprocessing.get_context("fork").Value("b", 0)
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(HEAVY_S if self.heavy.value else LIGHT_S)
+        return torch.tensor(index), torch.zeros(16)
+
+
+class HeavyFrom(pl.Callback):
+    """Makes the data phase heavy from the start of ``epoch``; keeps the decision the first epoch ended with and
+    the time each step ended (the test's own clock)."""
+
+    def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard) -> None:
+        self.dataset, self.epoch, self.guard = dataset, epoch, guard
+        self.first_decision: Any = None
+        self.ended: list[float] = []
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.current_epoch == self.epoch:
+            self.dataset.heavy.value = 1
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ended.append(time.perf_counter())
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.current_epoch == 0:
+            self.first_decision = self.guard.decision
+
+    def rate_of_last(self, steps: int) -> float:
+        return steps / (self.ended[-1] - self.ended[-1 - steps])
+
+
+def _fit(
+    tune: bool | TuneOptions, *, heavy_from: int = 1, step_s: float = STEP_S, epochs: int = 3, max_steps: int = -1
+) -> tuple[list[int], LoadGuard, HeavyFrom]:
+    pl.seed_everything(5, verbose=False)
+    dataset = PhasedDataset()
+    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
+    # The watch reads a window at each logging step: every 10 steps, so that three fit in an epoch of 120.
+    guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
+    clock = HeavyFrom(dataset, heavy_from, guard)
+    module = TimedModule(step_s=step_s)
+    trainer = quiet_trainer(max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader)
+    return module.seen, guard, clock
+
+
+def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster() -> None:
+    # The order does not depend on the timings: the untuned reference runs light and without a step.
+    untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0)
+    seen, guard, clock = _fit(OPTIONS)
+    assert seen == untuned  # every epoch's samples and order, re-tune included
+    decision = guard.decision
+    assert decision is not None
+    assert decision.retunes >= 1, decision.table()
+    assert "fell" in decision.retuned, decision.retuned
+    assert decision.original.num_workers == 1  # the user's settings, which a resume checks the loader against
+    first = clock.first_decision  # the light phase's decision, which the heavy phase outran
+    assert first is not None and first.retunes == 0
+    assert decision.num_workers > first.num_workers, (first.table(), decision.table())
+    # The test's own clock: the fit's last steps against the most the first decision's workers sustain in the
+    # heavy phase, by the costs (a sleep overruns, never underruns). Where they could nearly keep up with the step
+    # already (a busy host's first probing chose many), only the worker count above says it moved.
+    ceiling = first.num_workers * HEAVY_CEILING
+    if 1.3 * ceiling < 0.7 / STEP_S:
+        assert clock.rate_of_last(30) > 1.3 * ceiling, (clock.rate_of_last(30), first.table(), decision.table())
+
+
+def test_retune_false_decides_once() -> None:
+    # Fifty steps of the heavy phase: three logging windows after the warm-up, where the re-tuning fit probes again.
+    options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False, retune=False)
+    seen, guard, _ = _fit(options, epochs=2, max_steps=LENGTH // BATCH + 50)
+    decision = guard.decision
+    assert decision is not None
+    assert decision.retunes == 0 and decision.retuned == ""
+    assert "probed again" not in decision.table()
+    assert len(seen) == LENGTH + 50 * BATCH

@@ -1,0 +1,76 @@
+"""The decision's watch on scripted windows: which changes make the tuner probe again, and after how many windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.tuning.watch import HOLD_WINDOWS, DecisionWatch, WatchReference
+
+SETTING = LoaderSettings(2, 2)
+STEPS = 16
+
+
+def window(step_s: float, wait_s: float, jitter: float = 0.0) -> WindowSnapshot:
+    """A window of ``STEPS`` steps; ``jitter`` alternates the step time by that much (the blocks' noise)."""
+    steps = tuple(step_s + (jitter if (k // 4) % 2 else -jitter) for k in range(STEPS))
+    return WindowSnapshot(wait_s=(wait_s,) * STEPS, step_s=steps, settings=SETTING)
+
+
+# Decided at 50 steps/s, compute-bound: a 20 ms step and no wait.
+DECIDED = window(0.02, 0.0)
+REFERENCE = WatchReference(SETTING, rate=DECIDED.sustained_rate, error=0.01, winnable=0.0)
+
+
+def _first_change(windows: list[WindowSnapshot], **kwargs: float) -> int | None:
+    watch = DecisionWatch(REFERENCE, min_gain=0.05, **kwargs)  # type: ignore[arg-type]
+    for k, w in enumerate(windows, 1):
+        if watch.record(w) is not None:
+            return k
+    return None
+
+
+def test_a_slower_producer_is_a_change_after_the_hold() -> None:
+    # Another job took the cores: the loop now waits 10 ms for every batch.
+    assert _first_change([window(0.02, 0.01)] * 10) == HOLD_WINDOWS
+
+
+def test_a_faster_step_the_loader_no_longer_keeps_up_with_is_a_change() -> None:
+    # The step got twice as fast; the loader makes a batch every 15 ms, so the loop waits 5 ms a step.
+    watch = DecisionWatch(REFERENCE, min_gain=0.05)
+    changes = [watch.record(window(0.01, 0.005)) for _ in range(HOLD_WINDOWS)]
+    assert changes[-1] is not None and changes[-1].rate_now > REFERENCE.rate
+    assert "rose" in changes[-1].reason
+
+
+def test_a_slower_or_faster_step_that_the_loader_keeps_up_with_is_not() -> None:
+    assert _first_change([window(0.04, 0.0)] * 10) is None  # slower step: no loader setting helps it
+    assert _first_change([window(0.01, 0.0002)] * 10) is None  # faster step, the loader keeps up
+
+
+def test_a_wait_no_larger_than_at_the_decision_is_not_a_change() -> None:
+    # Decided with 20 % of the loop still waiting (the best the budget found); the step got slower since.
+    decided = window(0.02, 0.005)
+    reference = WatchReference(SETTING, decided.sustained_rate, 0.01, winnable=decided.wait_fraction)
+    watch = DecisionWatch(reference, min_gain=0.05)
+    assert all(watch.record(window(0.03, 0.006)) is None for _ in range(10))
+
+
+def test_moves_within_the_noise_or_min_gain_are_not_changes() -> None:
+    # 4 % slower with a 4 % wait: under min_gain, and under WAIT_OK.
+    assert _first_change([window(0.0204, 0.0008)] * 10) is None
+    # 12 % slower on average, but blocks that swing by a third: beyond min_gain, not beyond the noise.
+    assert _first_change([window(0.02, 0.0027, jitter=0.012)] * 10) is None
+
+
+def test_a_change_must_hold_in_one_direction() -> None:
+    slower, faster = window(0.02, 0.01), window(0.01, 0.005)
+    assert _first_change([slower, slower, faster, faster, slower, slower, faster] * 2) is None
+    assert _first_change([slower, window(0.02, 0.0), slower, slower, slower]) == 5
+    assert _first_change([slower] * 4, hold=1) == 1
+
+
+def test_the_hold_is_validated() -> None:
+    with pytest.raises(ValueError, match="hold must be an integer >= 1"):
+        DecisionWatch(REFERENCE, min_gain=0.05, hold=0)
