@@ -622,6 +622,9 @@ class LoadGuard(_pl.Callback):
         settings = self._monitor.settings
         metrics["loadguard/num_workers"] = float(settings.num_workers)
         metrics["loadguard/prefetch_factor"] = float(settings.prefetch_factor or 0)
+        decision = self.decision
+        if decision is not None:
+            metrics["loadguard/retunes"] = float(decision.retunes)
         step = _pl.log_step(trainer) if step is None else step
         self._logged_step = step
         for logger in trainer.loggers:

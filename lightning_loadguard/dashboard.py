@@ -47,6 +47,8 @@ METRICS: dict[str, str] = {
     "loadguard/num_workers": "the train loader's num_workers during the window: a step where the auto-tuner "
     "switched settings",
     "loadguard/prefetch_factor": "the train loader's prefetch_factor during the window (0 without workers)",
+    "loadguard/retunes": "times the auto-tuner probed again after its first decision (auto_tune only): a step "
+    "where the host or the step changed",
 }
 """The public metric names with their meaning and unit.
 
@@ -77,7 +79,10 @@ def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
                 ["loadguard/producer_rate", "loadguard/consumer_rate"],
             ],
             "3. Share of loop time waiting for data (0..1)": ["Multiline", ["loadguard/wait_fraction"]],
-            "4. The loader's num_workers (a step where the tuner switched)": ["Multiline", ["loadguard/num_workers"]],
+            "4. The loader's num_workers (a step where the tuner switched) and the tuner's re-tunes": [
+                "Multiline",
+                ["loadguard/num_workers", "loadguard/retunes"],
+            ],
             "5. Share of fetches whose batch was ready (0..1), accelerator utilization": [
                 "Multiline",
                 ["loadguard/ready_fraction", "loadguard/gpu_util"],

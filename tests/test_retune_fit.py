@@ -6,14 +6,17 @@ from __future__ import annotations
 import multiprocessing
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.cli._runs import read_runs
 from lightning_loadguard.synthetic import TimedModule
 from lightning_loadguard.tuning.session import TuneOptions
 
@@ -64,7 +67,13 @@ class HeavyFrom(pl.Callback):
 
 
 def _fit(
-    tune: bool | TuneOptions, *, heavy_from: int = 1, step_s: float = STEP_S, epochs: int = 3, max_steps: int = -1
+    tune: bool | TuneOptions,
+    *,
+    heavy_from: int = 1,
+    step_s: float = STEP_S,
+    epochs: int = 3,
+    max_steps: int = -1,
+    logger: Any = False,
 ) -> tuple[list[int], LoadGuard, HeavyFrom]:
     pl.seed_everything(5, verbose=False)
     dataset = PhasedDataset()
@@ -73,22 +82,28 @@ def _fit(
     guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
     clock = HeavyFrom(dataset, heavy_from, guard)
     module = TimedModule(step_s=step_s)
-    trainer = quiet_trainer(max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock])
+    trainer = quiet_trainer(max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock], logger=logger)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loader)
     return module.seen, guard, clock
 
 
-def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster() -> None:
+def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster(tmp_path: Path) -> None:
     # The order does not depend on the timings: the untuned reference runs light and without a step.
     untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0)
-    seen, guard, clock = _fit(OPTIONS)
+    seen, guard, clock = _fit(OPTIONS, logger=TensorBoardLogger(str(tmp_path), name="run"))
     assert seen == untuned  # every epoch's samples and order, re-tune included
     decision = guard.decision
     assert decision is not None
     assert decision.retunes >= 1, decision.table()
     assert "fell" in decision.retuned, decision.retuned
+    # Said where the user looks: the dashboard's re-tune line steps up, the table says why.
+    run = read_runs(tmp_path)[-1]
+    retunes = run.scalars["loadguard/retunes"].values
+    assert retunes[0] == 0 and retunes[-1] == decision.retunes
+    _, table = run.texts["loadguard/auto_tune/text_summary"]
+    assert "probed again (re-tune" in table
     assert decision.original.num_workers == 1  # the user's settings, which a resume checks the loader against
     first = clock.first_decision  # the light phase's decision, which the heavy phase outran
     assert first is not None and first.retunes == 0
