@@ -9,11 +9,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_loadguard import ResumableLoaderMixin
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.cli._runs import read_runs
@@ -125,3 +127,73 @@ def test_retune_false_decides_once() -> None:
     assert decision.retunes == 0 and decision.retuned == ""
     assert "probed again" not in decision.table()
     assert len(seen) == LENGTH + 50 * BATCH
+
+
+class PhasedData(ResumableLoaderMixin, pl.LightningDataModule):
+    """The phased dataset behind the resume mixin, shuffled from ``loader_seed``."""
+
+    def __init__(self, dataset: PhasedDataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.loader_seed = 7
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.dataset, batch_size=BATCH, shuffle=True, num_workers=1)
+
+
+class HeavyOnResume(HeavyFrom):
+    """Also heavy from the first step of a fit resumed inside or after ``epoch`` (Lightning does not start an
+    epoch it resumes in the middle of); stops the fit with a checkpoint after global step ``stop``, or with
+    ``stop=0`` on the first step whose decision is a re-tune's (right after it switched the loader)."""
+
+    def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard, stop: int | None, ckpt: Path) -> None:
+        super().__init__(dataset, epoch, guard)
+        self.stop, self.ckpt = stop, ckpt
+        self.retunes_at_stop = 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.current_epoch >= self.epoch >= 0:
+            self.dataset.heavy.value = 1
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
+        decision = self.guard.decision
+        retunes = decision.retunes if decision is not None else 0
+        if self.stop is not None and not trainer.should_stop and (
+            trainer.global_step == self.stop or (self.stop == 0 and retunes)
+        ):
+            self.retunes_at_stop = retunes
+            trainer.save_checkpoint(self.ckpt)
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        pytest.param(0, id="right-after-the-re-tune-switched"),
+        pytest.param(2 * LENGTH // BATCH + 60, id="mid-way-through-the-next-epoch", marks=pytest.mark.slow),
+    ],
+)
+def test_a_fit_stopped_after_a_re_tune_resumes_with_no_sample_skipped_or_repeated(tmp_path: Path, stop: int) -> None:
+    ckpt = tmp_path / "retuned.ckpt"
+
+    def fit(tune: bool | TuneOptions, heavy_from: int, stop: int | None = None, resume: bool = False) -> tuple[
+        list[int], HeavyOnResume
+    ]:
+        pl.seed_everything(5, verbose=False)
+        dataset = PhasedDataset()
+        guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
+        clock = HeavyOnResume(dataset, heavy_from, guard, stop, ckpt)
+        module = TimedModule(step_s=STEP_S if tune else 0.0)
+        trainer = quiet_trainer(max_epochs=3, callbacks=[guard, clock])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, datamodule=PhasedData(dataset), ckpt_path=str(ckpt) if resume else None)
+        return module.seen, clock
+
+    untuned, _ = fit(False, heavy_from=-1)
+    first, clock = fit(OPTIONS, heavy_from=1, stop=stop)
+    assert clock.retunes_at_stop >= 1  # not vacuous: the fit was stopped with a re-tuned decision,
+    assert len(first) % LENGTH, len(first)  # inside an epoch
+    rest, _ = fit(OPTIONS, heavy_from=1, resume=True)
+    assert first + rest == untuned
