@@ -437,9 +437,10 @@ class Sim:
     # -- the training loop --------------------------------------------------------------------------------
 
     def _loop(self):
-        p = self.p
-        step_cpu, threads, device, after = p.step_cpu_s, p.step_threads, p.device_s, p.after_cpu_s
         while True:
+            # Read at each step: a host change swaps ``self.p`` mid-run (a step that got faster or slower).
+            p = self.p
+            step_cpu, threads, device, after = p.step_cpu_s, p.step_threads, p.device_s, p.after_cpu_s
             epoch = self.consumed // p.epoch_steps
             if epoch != self.epoch:
                 # The epoch's end: without persistent workers the next epoch starts its own; persistent ones
@@ -555,9 +556,20 @@ def tune(
     planner: PlannerFactory = Planner,
 ) -> Tuned:
     """The planner driven as :class:`~lightning_loadguard.tuning.session.TuningSession` drives it, on the
-    simulated pipeline: windows cut after each setting's warm-up, the host budget re-read from the latest
-    window, a restart for every setting not measured again as it runs, an open window dropped at an epoch's
-    end, the decision at the end of the probing span."""
+    simulated pipeline from the fit's start: the user's settings first, the probing spanning the fewest epochs
+    whose budget holds enough candidates (:func:`drive`)."""
+    return tune_sim(pipeline, options, seed=seed, planner=planner)[0]
+
+
+def tune_sim(
+    pipeline: SimPipeline,
+    options: TuneOptions | None = None,
+    *,
+    seed: int = 0,
+    planner: PlannerFactory = Planner,
+) -> tuple[Tuned, Sim, Planner]:
+    """:func:`tune`, the simulation it ran (at the decision, the last setting probed still running) and the
+    planner that decided."""
     options = options or TuneOptions(max_workers=pipeline.max_workers)
     user = pipeline.user
     sim = Sim(pipeline, user, seed=seed)
@@ -574,7 +586,19 @@ def tune(
 
     plan = _spanning_planner(make, _span_choices(pipeline.max_epochs))
     if not plan.can_start():
-        return Tuned(None, user, 0, 0)
+        return Tuned(None, user, 0, 0), sim, plan
+    return drive(sim, plan, options), sim, plan
+
+
+def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
+    """Drive ``plan`` on ``sim`` from where it runs ``plan.original``, as the session drives it: windows cut after
+    each setting's warm-up, the host budget re-read from the latest window, a restart for every setting not
+    measured again as it runs, an open window dropped at an epoch's end, the decision at the end of the probing
+    span (``plan.epoch_steps * plan.span_epochs`` steps from here: a re-tune's planner spans the rest of the
+    epoch it starts in) or where the planner has nothing left to measure."""
+    epoch_steps = sim.p.epoch_steps
+    start = sim.consumed
+    span_end = start + plan.epoch_steps * plan.span_epochs
     windows = 0
     decision: TuneDecision | None = None
     while decision is None:
@@ -585,8 +609,7 @@ def tune(
             sim.run(left)
             if plan.current != plan.original:
                 plan.probe_steps += left
-            spanned = sim.consumed // epoch_steps
-            if spanned >= plan.span_epochs or plan.probe_steps + plan.steps_for(plan.current) > plan.budget_steps:
+            if sim.consumed >= span_end or plan.probe_steps + plan.steps_for(plan.current) > plan.budget_steps:
                 plan.note_budget_spent()
                 decision = plan.decide(startup_s=sim.startup_s or None)
             continue
@@ -601,4 +624,4 @@ def tune(
             decision = plan.decide(startup_s=sim.startup_s or None)
         elif not plan.continuing:
             sim.switch(following)
-    return Tuned(decision, decision.setting, sim.consumed, windows)
+    return Tuned(decision, decision.setting, sim.consumed - start, windows)

@@ -1,0 +1,103 @@
+"""Re-tuning on simulated host changes: windows to find the change, and the re-tuned rate over the new best.
+
+Each pipeline of tests/sim_sweep.py's generator is tuned on the simulator, runs its chosen setting and, after two
+windows, its host changes (another job takes cores, a job leaves, the step gets twice as fast or as slow): the
+decision's watch (lightning_loadguard/tuning/watch.py) reads the windows, and on a report a new planner probes
+again from the running setting (tests/sim_retune.py). Scored by steady rates on the changed pipeline: the setting
+running after the procedure and the old choice kept, over the grid's best. A control runs the same pipelines on
+an unchanged host: a report there is a false trigger. One row per ``hold`` (windows a change must hold).
+
+Usage::
+
+    python benchmarks/retune_sweep.py                      # 500 pipelines, hold 1, 2 and 3
+    python benchmarks/retune_sweep.py --count 100 --jobs 2 --hold 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from sim_retune import PRE_WINDOWS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
+
+
+def _one(seed: int, holds: tuple[int, ...], spanning: bool) -> tuple[list[Trial], dict[int, bool]]:
+    return trials(seed, holds, spanning=spanning), false_triggers(seed, holds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500, help="pipelines (seeds 0..count-1)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--hold", type=int, nargs="+", default=[1, 2, 3], help="the watch's hold windows to compare")
+    parser.add_argument(
+        "--spanning",
+        action="store_true",
+        help="re-tune from the next epoch over as many epochs as a first tuning (default: the rest of the epoch)",
+    )
+    parser.add_argument("--worst", type=int, default=10, help="list this many of the worst re-tuned trials")
+    args = parser.parse_args()
+    holds = tuple(args.hold)
+    started = time.perf_counter()
+    one = partial(_one, holds=holds, spanning=args.spanning)
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            results = pool.map(one, range(args.count), chunksize=4)
+    else:
+        results = [one(seed) for seed in range(args.count)]
+    all_trials = [t for ts, _ in results for t in ts]
+    controls = [c for _, c in results]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    tuned = len({t.pipeline.name for t in all_trials})
+    print(
+        f"{args.count} pipelines ({tuned} tuned), commit {commit}, {time.perf_counter() - started:.0f} s; the change "
+        f"after {PRE_WINDOWS} windows, at most {WATCH_WINDOWS} windows read after it and in the control; re-tunes "
+        f"{'from the next epoch, spanning as a first tuning' if args.spanning else 'over the rest of the epoch'}\n"
+    )
+    figures = summary(all_trials, controls)
+    print(
+        "| hold | trials | changes that matter | found | found where it matters | windows to find: median / p90 / "
+        "worst | reported before the change | false triggers (control) | re-tune could not start | re-tuned >= 0.95 "
+        "| kept >= 0.95 | matters: re-tuned >= 0.95 | matters: fresh tuning >= 0.95 | re-tuned p1 | kept p1 "
+        "| re-tuned median | kept median | re-tuned below kept |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for hold, f in figures.items():
+        print(
+            f"| {hold} | {f['n']:.0f} | {f['matter']:.0f} | {f['detected']:.1%} | {f['detected_matter']:.1%} "
+            f"| {f['windows_median']:.0f} / {f['windows_p90']:.0f} / {f['windows_worst']:.0f} | {f['early']:.1%} "
+            f"| {f['false_triggers']:.1%} | {f['not_probed']:.1%} | {f['retuned_95']:.1%} | {f['kept_95']:.1%} "
+            f"| {f['matter_retuned_95']:.1%} | {f['matter_fresh_95']:.1%} "
+            f"| {f['retuned_p1']:.3f} | {f['kept_p1']:.3f} | {f['retuned_median']:.3f} | {f['kept_median']:.3f} "
+            f"| {f['worse']:.1%} |"
+        )
+    print("\nBy change:\n")
+    print("| hold | change | trials | found | windows to find (median) | re-tuned >= 0.95 | kept >= 0.95 |")
+    print("|---|---|---|---|---|---|---|")
+    for (hold, kind), f in by_kind(all_trials).items():
+        print(
+            f"| {hold} | {kind} | {f['n']:.0f} | {f['detected']:.1%} | {f['windows_median']:.0f} "
+            f"| {f['retuned_95']:.1%} | {f['kept_95']:.1%} |"
+        )
+    print(f"\nworst {args.worst} re-tuned (hold {holds[-1]}):\n")
+    print("| pipeline | cores | epoch steps | change | chosen | after | best | found after | re-tuned | kept | fresh |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    last = [t for t in all_trials if t.hold == holds[-1]]
+    for t in sorted(last, key=lambda t: t.retuned or 0.0)[: args.worst]:
+        p = t.pipeline
+        found = "-" if t.detected is None else str(t.detected)
+        print(
+            f"| {p.name} | {p.host.cores} | {p.epoch_steps} | {t.kind} | {t.chosen.label} | {t.final.label} "
+            f"| {t.best.label if t.best else '-'} | {found}{'' if t.probed is not False else ' (no room)'} "
+            f"| {t.retuned:.3f} | {t.kept:.3f} | {t.fresh:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

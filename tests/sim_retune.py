@@ -1,0 +1,297 @@
+"""Re-tuning on the simulator: a host change injected into a tuned run, found by the decision's watch and re-tuned.
+
+For a pipeline of :func:`sim_sweep.generate`: tune it (:func:`sim_pipeline.tune_sim`), run the chosen setting
+and feed :class:`~lightning_loadguard.tuning.watch.DecisionWatch` its windows (the planner's ``window_steps``
+steps, cut after a warm-up at the decision's restart and at each epoch's start, never across an epoch's end).
+After :data:`PRE_WINDOWS` windows the host changes (:data:`CHANGES`: another job takes cores, a job leaves, the
+step gets twice as fast or twice as slow); the windows from the change to the watch's report are counted (at most
+:data:`WATCH_WINDOWS`). On a report a new planner starts from the running setting, spanning the rest of the
+epoch, or the next epoch where the rest cannot hold it, and its decision runs from then on (it replaces the
+running setting only where it beats it). Scored against the changed pipeline's ground truth
+(:func:`sim_sweep.grid_best`): the setting running after the procedure, and the old choice kept (no re-tune),
+over the new best. A control runs the same pipelines without a change for :data:`WATCH_WINDOWS` windows: a
+report there is a re-tune the host's background load and drift alone set off.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from statistics import median, quantiles
+
+from sim_pipeline import Sim, SimPipeline, drive, tune, tune_sim
+from sim_sweep import _Truth, generate, grid_best
+
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.planner import Arm, Planner
+from lightning_loadguard.tuning.session import _span_choices, _spanning_planner, tuner_budget
+from lightning_loadguard.tuning.watch import DecisionWatch, WatchReference
+
+CHANGES = ("job_arrives", "job_leaves", "step_faster", "step_slower")
+"""Another job takes ``k`` x the cores (k of 0.5, 1, 2); the competing jobs leave (where there were any); the
+step (accelerator time and the loop's CPU work) takes half or twice as long."""
+
+PRE_WINDOWS = 2
+"""Windows of the unchanged host the watch reads before the change."""
+
+WATCH_WINDOWS = 30
+"""Windows read after the change (and in the control) before giving up."""
+
+WORSE = 0.03
+"""A re-tune left the run worse than keeping the old choice when the rate it ends at is this much lower (the
+ground truth's own spread is about 1 %, :data:`sim_sweep.BELOW_USER`)."""
+
+
+def change(p: SimPipeline, rng: random.Random) -> tuple[str, SimPipeline]:
+    """A change drawn for ``p``: its kind (of :data:`CHANGES`) and the changed pipeline."""
+    kind = rng.choice([k for k in CHANGES if k != "job_leaves" or p.host.others > 0])
+    if kind == "job_arrives":
+        others = p.host.others + rng.choice((0.5, 1.0, 2.0)) * p.host.cores
+        return kind, replace(p, host=replace(p.host, others=others))
+    if kind == "job_leaves":
+        return kind, replace(p, host=replace(p.host, others=0.0))
+    factor = 0.5 if kind == "step_faster" else 2.0
+    return kind, replace(p, device_s=p.device_s * factor, step_cpu_s=p.step_cpu_s * factor)
+
+
+def watch_windows(sim: Sim, plan: Planner, first_warmup: int) -> Iterator[WindowSnapshot]:
+    """Windows of the setting ``sim`` runs, as the session cuts them after the decision: ``first_warmup`` steps
+    dropped first, then windows of ``plan.window_steps`` back to back; the rest of an epoch that cannot hold one
+    is run, and each epoch starts with the warm-up of a restart (its buffer fills again, its workers start again
+    unless persistent)."""
+    epoch_steps = sim.p.epoch_steps
+    warm = first_warmup
+    while True:
+        left = epoch_steps - sim.consumed % epoch_steps
+        if warm + plan.window_steps > left:
+            sim.run(left)
+            warm = plan.warmup_for(sim.settings, continuing=False)
+            continue
+        sim.run(warm)
+        mark = sim.consumed
+        sim.run(plan.window_steps)
+        warm = 0
+        yield sim.window(mark)
+
+
+def _arm_of(plan: Planner, chosen: LoaderSettings) -> Arm:
+    """The planner's arm of the setting it chose (the decision may add ``persistent_workers``)."""
+    plain = replace(chosen, persistent_workers=False)
+    return next(a for s, a in plan.arms.items() if replace(s, persistent_workers=False) == plain)
+
+
+@dataclass
+class _Run:
+    """A tuned run at its decision, the chosen setting running, and the windows the watch will read."""
+
+    sim: Sim
+    plan: Planner
+    chosen: LoaderSettings
+    reference: WatchReference
+    windows: Iterator[WindowSnapshot]
+    options: TuneOptions
+
+
+def _tuned_run(p: SimPipeline, seed: int) -> _Run | None:
+    options = TuneOptions(max_workers=p.max_workers)
+    tuned, sim, plan = tune_sim(p, options, seed=seed)
+    if tuned.decision is None:
+        return None
+    chosen = tuned.decision.setting
+    restart = sim.settings != chosen
+    if restart:
+        sim.switch(chosen)
+    warm = plan.warmup_for(chosen, continuing=False) if restart else 0
+    reference = WatchReference.of(_arm_of(plan, chosen))
+    return _Run(sim, plan, chosen, reference, watch_windows(sim, plan, warm), options)
+
+
+def retune(
+    sim: Sim, running: LoaderSettings, latest: WindowSnapshot, options: TuneOptions, *, spanning: bool = False
+) -> LoaderSettings | None:
+    """Probe again from ``running``: a planner spanning the rest of the epoch ``sim`` is in, or the next epoch
+    where the rest cannot hold it (``spanning``: from the next epoch's start, over as many epochs as the first
+    tuning would span); the setting it decides on (``running`` where nothing beats it), or ``None`` where not
+    even an epoch holds a probe."""
+    epoch_steps = sim.p.epoch_steps
+    budget = tuner_budget(latest, options)
+    if spanning:
+        sim.run(epoch_steps - sim.consumed % epoch_steps)
+
+        def make(span: int) -> Planner:
+            return Planner(running, budget, options, epoch_steps, span_epochs=span)
+
+        plan = _spanning_planner(make, _span_choices(sim.p.max_epochs))
+        return drive(sim, plan, options).chosen if plan.can_start() else None
+    plan = Planner(running, budget, options, epoch_steps - sim.consumed % epoch_steps, span_epochs=1)
+    if not plan.can_start():
+        sim.run(epoch_steps - sim.consumed % epoch_steps)
+        plan = Planner(running, budget, options, epoch_steps, span_epochs=1)
+        if not plan.can_start():
+            return None
+    return drive(sim, plan, options).chosen
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One pipeline, one change, one ``hold``: when the watch reported it and where the run ended.
+
+    ``detected``: windows from the change to the report (``None``: none within :data:`WATCH_WINDOWS`);
+    ``early``: the watch reported before the change (a false trigger, then set aside); ``probed``: whether the
+    re-tune could start (``None``: nothing found); ``kept`` and ``retuned``: steady rates on the changed pipeline
+    of the old choice and of the setting running after the procedure, over the changed pipeline's best;
+    ``fresh``: a first tuning of the changed pipeline from the user's settings, over the same best (what the
+    planner reaches with a fit's whole probing span); ``None`` where not scored.
+    """
+
+    pipeline: SimPipeline
+    kind: str
+    hold: int
+    chosen: LoaderSettings
+    final: LoaderSettings
+    detected: int | None
+    early: bool
+    probed: bool | None
+    kept: float | None = None
+    retuned: float | None = None
+    fresh: float | None = None
+    best: LoaderSettings | None = None
+
+
+def trials(
+    seed: int,
+    holds: Iterable[int],
+    *,
+    min_gain: float | None = None,
+    truth_steps: int | None = 600,
+    spanning: bool = False,
+) -> list[Trial]:
+    """The trials of pipeline ``seed`` (one per ``hold``, each its own run from the fit's start: the same until
+    the watch differs), scored over ``truth_steps`` steady steps (``None``: not scored). ``min_gain``: the
+    watch's, where not the tuner's; ``spanning``: see :func:`retune`."""
+    p = generate(seed)
+    kind, changed = change(p, random.Random(seed * 7919 + 11))
+    changed = replace(changed, name=p.name)
+    runs: list[tuple[int, LoaderSettings, LoaderSettings, int | None, bool, bool | None]] = []
+    for hold in holds:
+        run = _tuned_run(p, seed)
+        if run is None:
+            return []
+        watch = DecisionWatch(run.reference, run.options.min_gain if min_gain is None else min_gain, hold)
+        early = False
+        for _ in range(PRE_WINDOWS):
+            if watch.record(next(run.windows)) is not None:
+                early = True
+                watch = DecisionWatch(run.reference, watch.min_gain, hold)
+        run.sim.p = changed
+        detected, final, probed = None, run.chosen, None
+        for count in range(1, WATCH_WINDOWS + 1):
+            window = next(run.windows)
+            if watch.record(window) is not None:
+                detected = count
+                after = retune(run.sim, run.sim.settings, window, run.options, spanning=spanning)
+                probed, final = after is not None, after or run.chosen
+                break
+        runs.append((hold, run.chosen, final, detected, early, probed))
+    if truth_steps is None:
+        return [Trial(p, kind, *r) for r in runs]
+    fresh = tune(changed, TuneOptions(max_workers=p.max_workers), seed=seed).chosen
+    truth = _Truth(changed, truth_steps)
+    best = grid_best(changed, truth)
+    for s in [fresh, *(c for _, c, _, _, _, _ in runs), *(f for _, _, f, _, _, _ in runs)]:
+        if truth(s) > truth(best):
+            best = s
+    top = truth(best)
+    return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best) for r in runs]
+
+
+def false_triggers(seed: int, holds: Iterable[int]) -> dict[int, bool]:
+    """The control: pipeline ``seed`` tuned and run :data:`WATCH_WINDOWS` windows on an unchanged host; for each
+    ``hold``, whether a watch reported a change (empty where the pipeline was not tuned)."""
+    run = _tuned_run(generate(seed), seed)
+    if run is None:
+        return {}
+    watches = {h: DecisionWatch(run.reference, run.options.min_gain, h) for h in holds}
+    fired = dict.fromkeys(watches, False)
+    for _ in range(WATCH_WINDOWS):
+        window = next(run.windows)
+        for hold, watch in watches.items():
+            fired[hold] = fired[hold] or watch.record(window) is not None
+    return fired
+
+
+MATTERS = 0.95
+"""A change matters where the old choice runs below this share of the changed pipeline's best."""
+
+
+def _p(values: list[float], q: int) -> float:
+    """The ``q``-th percentile of ``values`` (the value itself where only one)."""
+    ordered = sorted(values)
+    return quantiles(ordered, n=100, method="inclusive")[q - 1] if len(ordered) > 1 else ordered[0]
+
+
+def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) -> dict[int, dict[str, float]]:
+    """By ``hold``: trials, changes that matter, detection rates (all, where it matters), windows to detect
+    (median, 90th percentile, worst), reports before the change, re-tunes that could not start (of those
+    found), false-trigger rate of the control, and the re-tuned and kept ratios (share >= 0.95, 1st percentile,
+    median, share re-tuned below kept beyond :data:`WORSE`; where it matters, re-tuned and a fresh tuning
+    >= 0.95)."""
+    all_trials = list(all_trials)
+    controls = [c for c in controls if c]
+    out: dict[int, dict[str, float]] = {}
+    for hold in sorted({t.hold for t in all_trials}):
+        group = [t for t in all_trials if t.hold == hold]
+        matter = [t for t in group if t.kept is not None and t.kept < MATTERS]
+        found = [t.detected for t in group if t.detected is not None]
+        figures = {
+            "n": len(group),
+            "matter": len(matter),
+            "detected": len(found) / len(group),
+            "detected_matter": sum(t.detected is not None for t in matter) / len(matter) if matter else 1.0,
+            "windows_median": median(found) if found else float("nan"),
+            "windows_p90": _p([float(w) for w in found], 90) if found else float("nan"),
+            "windows_worst": max(found) if found else float("nan"),
+            "early": sum(t.early for t in group) / len(group),
+            "not_probed": sum(t.probed is False for t in group) / len(found) if found else 0.0,
+            "false_triggers": sum(c[hold] for c in controls if hold in c) / len(controls) if controls else 0.0,
+        }
+        scored = [t for t in group if t.kept is not None and t.retuned is not None]
+        if scored:
+            retuned = [t.retuned for t in scored]
+            kept = [t.kept for t in scored]
+            figures |= {
+                "retuned_95": sum(r >= 0.95 for r in retuned) / len(scored),
+                "retuned_p1": _p(retuned, 1),  # type: ignore[arg-type]
+                "retuned_median": median(retuned),  # type: ignore[type-var]
+                "kept_95": sum(k >= 0.95 for k in kept) / len(scored),
+                "kept_p1": _p(kept, 1),  # type: ignore[arg-type]
+                "kept_median": median(kept),  # type: ignore[type-var]
+                "worse": sum(t.retuned < t.kept * (1 - WORSE) for t in scored) / len(scored),  # type: ignore[operator]
+                "matter_retuned_95": sum(t.retuned >= 0.95 for t in matter) / len(matter) if matter else 1.0,  # type: ignore[operator]
+                "matter_fresh_95": sum(t.fresh >= 0.95 for t in matter) / len(matter) if matter else 1.0,  # type: ignore[operator]
+                "fresh_95": sum(t.fresh >= 0.95 for t in scored) / len(scored),  # type: ignore[operator]
+            }
+        out[hold] = figures
+    return out
+
+
+def by_kind(all_trials: Iterable[Trial]) -> dict[tuple[int, str], dict[str, float]]:
+    """By ``hold`` and change: trials, detection rate, median windows to detect, re-tuned and kept >= 0.95."""
+    groups: dict[tuple[int, str], list[Trial]] = {}
+    for t in all_trials:
+        groups.setdefault((t.hold, t.kind), []).append(t)
+    out = {}
+    for key, group in sorted(groups.items()):
+        found = [t.detected for t in group if t.detected is not None]
+        scored = [t for t in group if t.kept is not None]
+        out[key] = {
+            "n": len(group),
+            "detected": len(found) / len(group),
+            "windows_median": median(found) if found else float("nan"),
+            "retuned_95": sum(t.retuned >= 0.95 for t in scored) / len(scored) if scored else float("nan"),  # type: ignore[operator]
+            "kept_95": sum(t.kept >= 0.95 for t in scored) / len(scored) if scored else float("nan"),  # type: ignore[operator]
+        }
+    return out
