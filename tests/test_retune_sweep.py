@@ -1,0 +1,61 @@
+"""Re-tuning on 60 simulated pipelines (the first seeds of benchmarks/retune_sweep.py's sweep) whose host changes
+after the decision, with the watch's own ``HOLD_WINDOWS``, scored against the changed pipeline's ground truth
+(steady rates over 250 steps, where the full sweep takes 600): a regression check of the figures in
+benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a few pipelines."""
+
+from __future__ import annotations
+
+import pytest
+from sim_retune import CHANGES, Trial, false_triggers, summary, trials
+
+from lightning_loadguard.tuning.watch import HOLD_WINDOWS
+
+SUBSET = 60
+TRUTH_STEPS = 250
+FOUND_WHERE_IT_MATTERS = 0.6  # measured 0.73 (11 of 15 changes that leave the old choice below 0.95 x best)
+FOUND = 0.3  # measured 0.43 of all changes (a slower step the loader keeps up with is rightly not reported)
+FALSE_TRIGGERS = 0.2  # measured 0.12 (7 of 60 unchanged runs, over 30 windows each)
+WORSE = 0.02  # measured 0.00: at most one pipeline left below the old choice by the re-tune
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[list[Trial], list[dict[int, bool]]]:
+    found = [t for seed in range(SUBSET) for t in trials(seed, (HOLD_WINDOWS,), truth_steps=TRUTH_STEPS)]
+    controls = [false_triggers(seed, (1, HOLD_WINDOWS)) for seed in range(SUBSET)]
+    return found, controls
+
+
+@pytest.fixture(scope="module")
+def figures(runs: tuple[list[Trial], list[dict[int, bool]]]) -> dict[str, float]:
+    return summary(*runs)[HOLD_WINDOWS]
+
+
+def test_the_subset_spans_every_change(runs: tuple[list[Trial], list[dict[int, bool]]]) -> None:
+    assert {t.kind for t in runs[0]} == set(CHANGES)
+
+
+def test_changes_that_matter_are_found_within_the_hold(figures: dict[str, float]) -> None:
+    assert figures["detected_matter"] >= FOUND_WHERE_IT_MATTERS, figures
+    assert figures["detected"] >= FOUND, figures
+    assert figures["windows_median"] <= HOLD_WINDOWS + 1, figures
+
+
+def test_an_unchanged_host_seldom_sets_off_a_re_tune(
+    runs: tuple[list[Trial], list[dict[int, bool]]], figures: dict[str, float]
+) -> None:
+    assert figures["false_triggers"] <= FALSE_TRIGGERS, figures
+    # The bound tells holds apart: one window in a row reports the noise of a shared host (0.68 on 100 pipelines).
+    controls = [c for c in runs[1] if c]
+    assert sum(c[1] for c in controls) / len(controls) > FALSE_TRIGGERS
+
+
+def test_re_tuning_is_never_worse_than_keeping_the_old_choice(figures: dict[str, float]) -> None:
+    assert figures["worse"] <= WORSE, figures
+    assert figures["retuned_95"] >= figures["kept_95"], figures
+    assert figures["retuned_median"] >= figures["kept_median"] - 0.005, figures
+    assert figures["retuned_p1"] >= figures["kept_p1"] - 0.005, figures
+
+
+def test_a_watch_blind_to_changes_fails_the_detection_check() -> None:
+    blind = [t for seed in range(24) for t in trials(seed, (HOLD_WINDOWS,), min_gain=10.0, truth_steps=None)]
+    assert sum(t.detected is not None for t in blind) / len(blind) < FOUND
