@@ -40,6 +40,9 @@ PRE_WINDOWS = 2
 WATCH_WINDOWS = 30
 """Windows read after the change (and in the control) before giving up."""
 
+MATTERS = 0.95
+"""A change matters where the old choice ran within this share of the best before it and runs below it after."""
+
 WORSE = 0.03
 """A re-tune left the run worse than keeping the old choice when the rate it ends at is this much lower (the
 ground truth's own spread is about 1 %, :data:`sim_sweep.BELOW_USER`)."""
@@ -144,7 +147,8 @@ class Trial:
     re-tune could start (``None``: nothing found); ``kept`` and ``retuned``: steady rates on the changed pipeline
     of the old choice and of the setting running after the procedure, over the changed pipeline's best;
     ``fresh``: a first tuning of the changed pipeline from the user's settings, over the same best (what the
-    planner reaches with a fit's whole probing span); ``None`` where not scored.
+    planner reaches with a fit's whole probing span); ``before``: the old choice on the pipeline before the
+    change, over its best then; ``None`` where not scored.
     """
 
     pipeline: SimPipeline
@@ -159,6 +163,12 @@ class Trial:
     retuned: float | None = None
     fresh: float | None = None
     best: LoaderSettings | None = None
+    before: float | None = None
+
+    @property
+    def matters(self) -> bool:
+        """The change left a choice that ran within :data:`MATTERS` of the best below it."""
+        return self.before is not None and self.kept is not None and self.before >= MATTERS > self.kept
 
 
 def trials(
@@ -205,7 +215,9 @@ def trials(
         if truth(s) > truth(best):
             best = s
     top = truth(best)
-    return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best) for r in runs]
+    earlier = _Truth(p, truth_steps)
+    before = earlier(runs[0][1]) / max(earlier(grid_best(p, earlier)), earlier(runs[0][1]))
+    return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best, before) for r in runs]
 
 
 def false_triggers(seed: int, holds: Iterable[int]) -> dict[int, bool]:
@@ -223,10 +235,6 @@ def false_triggers(seed: int, holds: Iterable[int]) -> dict[int, bool]:
     return fired
 
 
-MATTERS = 0.95
-"""A change matters where the old choice runs below this share of the changed pipeline's best."""
-
-
 def _p(values: list[float], q: int) -> float:
     """The ``q``-th percentile of ``values`` (the value itself where only one)."""
     ordered = sorted(values)
@@ -238,13 +246,13 @@ def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) ->
     (median, 90th percentile, worst), reports before the change, re-tunes that could not start (of those
     found), false-trigger rate of the control, and the re-tuned and kept ratios (share >= 0.95, 1st percentile,
     median, share re-tuned below kept beyond :data:`WORSE`; where it matters, re-tuned and a fresh tuning
-    >= 0.95)."""
+    >= 0.95, and the mean of re-tuned less kept)."""
     all_trials = list(all_trials)
     controls = [c for c in controls if c]
     out: dict[int, dict[str, float]] = {}
     for hold in sorted({t.hold for t in all_trials}):
         group = [t for t in all_trials if t.hold == hold]
-        matter = [t for t in group if t.kept is not None and t.kept < MATTERS]
+        matter = [t for t in group if t.matters]
         found = [t.detected for t in group if t.detected is not None]
         figures = {
             "n": len(group),
@@ -267,10 +275,12 @@ def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) ->
                 "retuned_p1": _p(retuned, 1),  # type: ignore[arg-type]
                 "retuned_median": median(retuned),  # type: ignore[type-var]
                 "kept_95": sum(k >= 0.95 for k in kept) / len(scored),
+                "before_95": sum(t.before >= 0.95 for t in scored) / len(scored),  # type: ignore[operator]
                 "kept_p1": _p(kept, 1),  # type: ignore[arg-type]
                 "kept_median": median(kept),  # type: ignore[type-var]
                 "worse": sum(t.retuned < t.kept * (1 - WORSE) for t in scored) / len(scored),  # type: ignore[operator]
                 "matter_retuned_95": sum(t.retuned >= 0.95 for t in matter) / len(matter) if matter else 1.0,  # type: ignore[operator]
+                "matter_gain": sum(t.retuned - t.kept for t in matter) / len(matter) if matter else 0.0,  # type: ignore[operator]
                 "matter_fresh_95": sum(t.fresh >= 0.95 for t in matter) / len(matter) if matter else 1.0,  # type: ignore[operator]
                 "fresh_95": sum(t.fresh >= 0.95 for t in scored) / len(scored),  # type: ignore[operator]
             }
@@ -279,7 +289,8 @@ def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) ->
 
 
 def by_kind(all_trials: Iterable[Trial]) -> dict[tuple[int, str], dict[str, float]]:
-    """By ``hold`` and change: trials, detection rate, median windows to detect, re-tuned and kept >= 0.95."""
+    """By ``hold`` and change: trials, changes that matter and the share found, detection rate, median windows to
+    detect, re-tuned and kept >= 0.95."""
     groups: dict[tuple[int, str], list[Trial]] = {}
     for t in all_trials:
         groups.setdefault((t.hold, t.kind), []).append(t)
@@ -287,8 +298,11 @@ def by_kind(all_trials: Iterable[Trial]) -> dict[tuple[int, str], dict[str, floa
     for key, group in sorted(groups.items()):
         found = [t.detected for t in group if t.detected is not None]
         scored = [t for t in group if t.kept is not None]
+        matter = [t for t in group if t.matters]
         out[key] = {
             "n": len(group),
+            "matter": len(matter),
+            "detected_matter": sum(t.detected is not None for t in matter) / len(matter) if matter else float("nan"),
             "detected": len(found) / len(group),
             "windows_median": median(found) if found else float("nan"),
             "retuned_95": sum(t.retuned >= 0.95 for t in scored) / len(scored) if scored else float("nan"),  # type: ignore[operator]

@@ -1,4 +1,4 @@
-"""Re-tuning on 60 simulated pipelines (the first seeds of benchmarks/retune_sweep.py's sweep) whose host changes
+"""Re-tuning on 50 simulated pipelines (the first seeds of benchmarks/retune_sweep.py's sweep) whose host changes
 after the decision, with the watch's own ``HOLD_WINDOWS``, scored against the changed pipeline's ground truth
 (steady rates over 250 steps, where the full sweep takes 600): a regression check of the figures in
 benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a few pipelines."""
@@ -10,11 +10,12 @@ from sim_retune import CHANGES, Trial, false_triggers, summary, trials
 
 from lightning_loadguard.tuning.watch import HOLD_WINDOWS
 
-SUBSET = 60
+SUBSET = 50
 TRUTH_STEPS = 250
-FOUND_WHERE_IT_MATTERS = 0.6  # measured 0.73 (11 of 15 changes that leave the old choice below 0.95 x best)
-FOUND = 0.3  # measured 0.43 of all changes (a slower step the loader keeps up with is rightly not reported)
-FALSE_TRIGGERS = 0.2  # measured 0.12 (7 of 60 unchanged runs, over 30 windows each)
+FOUND_WHERE_IT_MATTERS = 0.5  # measured 0.75: 6 of the 8 changes that left a choice within 0.95 of the best below it
+GAIN_WHERE_IT_MATTERS = 0.05  # measured 0.12: the re-tuned rate less the old choice's, over the best, on those 8
+FOUND = 0.3  # measured 0.42 of all changes (a slower step the loader keeps up with is rightly not reported)
+FALSE_TRIGGERS = 0.2  # measured 0.10 (5 of 50 unchanged runs, over 30 windows each)
 WORSE = 0.02  # measured 0.00: at most one pipeline left below the old choice by the re-tune
 
 
@@ -44,7 +45,7 @@ def test_an_unchanged_host_seldom_sets_off_a_re_tune(
     runs: tuple[list[Trial], list[dict[int, bool]]], figures: dict[str, float]
 ) -> None:
     assert figures["false_triggers"] <= FALSE_TRIGGERS, figures
-    # The bound tells holds apart: one window in a row reports the noise of a shared host (0.68 on 100 pipelines).
+    # The bound tells holds apart: one window in a row reports the noise of a shared host (0.68 of these 50).
     controls = [c for c in runs[1] if c]
     assert sum(c[1] for c in controls) / len(controls) > FALSE_TRIGGERS
 
@@ -56,6 +57,14 @@ def test_re_tuning_is_never_worse_than_keeping_the_old_choice(figures: dict[str,
     assert figures["retuned_p1"] >= figures["kept_p1"] - 0.005, figures
 
 
-def test_a_watch_blind_to_changes_fails_the_detection_check() -> None:
-    blind = [t for seed in range(24) for t in trials(seed, (HOLD_WINDOWS,), min_gain=10.0, truth_steps=None)]
-    assert sum(t.detected is not None for t in blind) / len(blind) < FOUND
+def test_re_tuning_wins_back_rate_where_the_change_matters(figures: dict[str, float]) -> None:
+    assert figures["matter_gain"] >= GAIN_WHERE_IT_MATTERS, figures
+
+
+def test_a_watch_blind_to_changes_fails_the_checks() -> None:
+    blind = [t for seed in range(12) for t in trials(seed, (HOLD_WINDOWS,), min_gain=10.0, truth_steps=TRUTH_STEPS)]
+    figures = summary(blind, [])[HOLD_WINDOWS]
+    assert figures["matter"] > 0, figures
+    assert figures["detected"] < FOUND, figures
+    assert figures["detected_matter"] < FOUND_WHERE_IT_MATTERS, figures
+    assert figures["matter_gain"] < GAIN_WHERE_IT_MATTERS, figures
