@@ -2,7 +2,8 @@
 
 For a pipeline of :func:`sim_sweep.generate`: tune it (:func:`sim_pipeline.tune_sim`), run the chosen setting
 and feed :class:`~lightning_loadguard.tuning.watch.DecisionWatch` its windows (the planner's ``window_steps``
-steps, cut after a warm-up at the decision's restart and at each epoch's start, never across an epoch's end).
+steps, cut after ``warmup_steps`` at the decision and at each epoch's start, never across an epoch's end, as
+:class:`~lightning_loadguard.tuning.session.TuningSession` cuts them).
 After :data:`PRE_WINDOWS` windows the host changes (:data:`CHANGES`: another job takes cores, a job leaves, the
 step gets twice as fast or twice as slow); the windows from the change to the watch's report are counted (at most
 :data:`WATCH_WINDOWS`). On a report a new planner starts from the running setting, spanning the rest of the
@@ -27,7 +28,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Arm, Planner
-from lightning_loadguard.tuning.session import _span_choices, _spanning_planner, tuner_budget
+from lightning_loadguard.tuning.session import _WATCHED, _span_choices, _spanning_planner, tuner_budget
 from lightning_loadguard.tuning.watch import DecisionWatch, WatchReference
 
 CHANGES = ("job_arrives", "job_leaves", "step_faster", "step_slower")
@@ -60,18 +61,17 @@ def change(p: SimPipeline, rng: random.Random) -> tuple[str, SimPipeline]:
     return kind, replace(p, device_s=p.device_s * factor, step_cpu_s=p.step_cpu_s * factor)
 
 
-def watch_windows(sim: Sim, plan: Planner, first_warmup: int) -> Iterator[WindowSnapshot]:
-    """Windows of the setting ``sim`` runs, as the session cuts them after the decision: ``first_warmup`` steps
-    dropped first, then windows of ``plan.window_steps`` back to back; the rest of an epoch that cannot hold one
-    is run, and each epoch starts with the warm-up of a restart (its buffer fills again, its workers start again
-    unless persistent)."""
+def watch_windows(sim: Sim, plan: Planner, warmup: int) -> Iterator[WindowSnapshot]:
+    """Windows of the setting ``sim`` runs, as the session cuts them after the decision: ``warmup`` steps dropped
+    after the decision and at each epoch's start, then windows of ``plan.window_steps`` back to back; the rest of
+    an epoch that cannot hold one is run (a window never spans an epoch's end)."""
     epoch_steps = sim.p.epoch_steps
-    warm = first_warmup
+    warm = warmup
     while True:
         left = epoch_steps - sim.consumed % epoch_steps
         if warm + plan.window_steps > left:
             sim.run(left)
-            warm = plan.warmup_for(sim.settings, continuing=False)
+            warm = warmup
             continue
         sim.run(warm)
         mark = sim.consumed
@@ -80,10 +80,9 @@ def watch_windows(sim: Sim, plan: Planner, first_warmup: int) -> Iterator[Window
         yield sim.window(mark)
 
 
-def _arm_of(plan: Planner, chosen: LoaderSettings) -> Arm:
+def _arm_of(plan: Planner, chosen: LoaderSettings) -> Arm | None:
     """The planner's arm of the setting it chose (the decision may add ``persistent_workers``)."""
-    plain = replace(chosen, persistent_workers=False)
-    return next(a for s, a in plan.arms.items() if replace(s, persistent_workers=False) == plain)
+    return next((a for a in plan.arms.values() if a.setting.same_loader(chosen)), None)
 
 
 @dataclass
@@ -99,17 +98,20 @@ class _Run:
 
 
 def _tuned_run(p: SimPipeline, seed: int) -> _Run | None:
+    """``p`` tuned, its chosen setting running and watched as the session watches it; ``None`` where the session
+    watches nothing (not tuned, or a verdict it does not revisit)."""
     options = TuneOptions(max_workers=p.max_workers)
     tuned, sim, plan = tune_sim(p, options, seed=seed)
-    if tuned.decision is None:
+    decision = tuned.decision
+    if decision is None or decision.verdict not in _WATCHED:
         return None
-    chosen = tuned.decision.setting
-    restart = sim.settings != chosen
-    if restart:
-        sim.switch(chosen)
-    warm = plan.warmup_for(chosen, continuing=False) if restart else 0
-    reference = WatchReference.of(_arm_of(plan, chosen))
-    return _Run(sim, plan, chosen, reference, watch_windows(sim, plan, warm), options)
+    arm = _arm_of(plan, decision.setting)
+    if arm is None or arm.rate <= 0:
+        return None
+    if sim.settings != decision.setting:
+        sim.switch(decision.setting)
+    windows = watch_windows(sim, plan, options.warmup_steps)
+    return _Run(sim, plan, decision.setting, WatchReference.of(arm), windows, options)
 
 
 def retune(

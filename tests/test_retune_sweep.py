@@ -14,7 +14,6 @@ SUBSET = 50
 TRUTH_STEPS = 250
 FOUND_WHERE_IT_MATTERS = 0.5  # measured 0.75: 6 of the 8 changes that left a choice within 0.95 of the best below it
 GAIN_WHERE_IT_MATTERS = 0.05  # measured 0.12: the re-tuned rate less the old choice's, over the best, on those 8
-FOUND = 0.3  # measured 0.42 of all changes (a slower step the loader keeps up with is rightly not reported)
 FALSE_TRIGGERS = 0.2  # measured 0.10 (5 of 50 unchanged runs, over 30 windows each)
 WORSE = 0.02  # measured 0.00: at most one pipeline left below the old choice by the re-tune
 
@@ -37,7 +36,6 @@ def test_the_subset_spans_every_change(runs: tuple[list[Trial], list[dict[int, b
 
 def test_changes_that_matter_are_found_within_the_hold(figures: dict[str, float]) -> None:
     assert figures["detected_matter"] >= FOUND_WHERE_IT_MATTERS, figures
-    assert figures["detected"] >= FOUND, figures
     assert figures["windows_median"] <= HOLD_WINDOWS + 1, figures
 
 
@@ -65,6 +63,5 @@ def test_a_watch_blind_to_changes_fails_the_checks() -> None:
     blind = [t for seed in range(12) for t in trials(seed, (HOLD_WINDOWS,), min_gain=10.0, truth_steps=TRUTH_STEPS)]
     figures = summary(blind, [])[HOLD_WINDOWS]
     assert figures["matter"] > 0, figures
-    assert figures["detected"] < FOUND, figures
     assert figures["detected_matter"] < FOUND_WHERE_IT_MATTERS, figures
     assert figures["matter_gain"] < GAIN_WHERE_IT_MATTERS, figures
