@@ -339,6 +339,7 @@ class TuningSession:
         self._retune_due: HostChange | None = None
         self._previous: TuneDecision | None = None  # the decision a re-tune under way started from
         self._retune_reason = ""
+        self._due_epoch = 0  # the epoch the change the session is about to probe was found in
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
@@ -915,8 +916,9 @@ class TuningSession:
         due = change is not None
         if port.world_size > 1:
             due = port.any_rank(due)
-        if due:
-            self._retune_due = change or self._retune_due or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
+        if due and self._retune_due is None:
+            self._retune_due = change or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
+            self._due_epoch = port.current_epoch
         if self._retune_due is not None:
             try:
                 self._together(port, "setting up the re-tune", lambda: self._start_retune(port))
@@ -929,8 +931,9 @@ class TuningSession:
         return steps is not None and port.consumed_in_epoch() >= steps
 
     def _start_retune(self, port: TrainerPort) -> None:
-        """Probe again from the running setting, over the rest of this epoch (or the next, where the rest holds
-        no candidate: the change stays due until an epoch's start)."""
+        """Probe again from the running setting: over the rest of the epoch the change was found in where that
+        holds as many candidates as a first tuning wants, else from the next epoch's start over as many epochs as
+        a first tuning would span (the change stays due until then)."""
         change, loader, decision = self._retune_due, self._loader, self.decision
         assert change is not None and loader is not None and decision is not None
         steps = port.epoch_steps(loader)
@@ -938,11 +941,25 @@ class TuningSession:
             self._stop_watching()
             return
         current = settings_of(loader)
-        self._budget = self._host_budget(port)
-        planner = Planner(current, self._budget, self.options, max(0, steps - port.consumed_in_epoch()),
-                          pinning_helps=port.pinning_helps, span_epochs=1)
-        if not planner.can_start():
-            return
+        budget = self._budget = self._host_budget(port)
+        left = max(0, steps - port.consumed_in_epoch())
+
+        def planner_over(span: int) -> Planner:
+            return Planner(current, budget, self.options, left, pinning_helps=port.pinning_helps, span_epochs=span)
+
+        if port.current_epoch == self._due_epoch:
+            planner = planner_over(1)
+            if not (planner.can_start() and planner.budget_steps >= _PROBES_WANTED * planner.window):
+                return
+        else:
+            remaining = None if port.max_epochs is None else max(1, port.max_epochs - port.current_epoch)
+            planner = _spanning_planner(planner_over, _span_choices(remaining))
+            if not planner.can_start():
+                self._stop_watching()
+                self._say(
+                    f"auto-tuning does not probe again although {change.reason}: the epochs left hold no candidate."
+                )
+                return
         self._retune_reason = change.reason if change.rate_now > 0 else "the windows changed on another rank"
         self._stop_watching()
         self._previous = decision
@@ -953,7 +970,9 @@ class TuningSession:
         self._step = 0
         self._window_start = None
         self._say(f"auto-tuning probes again: {self._retune_reason}.")
-        self._progress(f"measuring {current.label} again, then probing over the rest of epoch {self._epoch}")
+        span = planner.span_epochs
+        over = f"epochs {self._epoch} to {self._epoch + span - 1}" if span > 1 else f"the rest of epoch {self._epoch}"
+        self._progress(f"measuring {current.label} again, then probing over {over}")
 
     def _report(self, port: TrainerPort, decision: TuneDecision) -> None:
         if port.global_rank != 0:

@@ -2,28 +2,33 @@
 
 The tuner decides on the windows of its first epochs. Another job that takes the cores, a step that gets faster
 or slower, a heavier data phase: each moves the rate the chosen setting sustains. :class:`DecisionWatch` reads
-the windows the chosen setting runs after the decision and asks the tuner's one comparison
-(:func:`~lightning_loadguard.tuning.planner.beats`) of each against the decision's own measurement. A window has
-changed when its rate moved beyond ``min_gain`` and the noise *and* the share of the loop's time a faster loader
-could win back grew by at least ``min_gain`` over the decision's: the data side fell behind (a slower producer, or
-a faster step it no longer keeps up with). A step that got slower, or faster with the loader keeping up, is not
-a change: no loader setting would win anything more. A change that holds over :data:`HOLD_WINDOWS` windows in a
-row, in one direction, is a reason to probe again. Plain Python, driven by windows, like the planner.
+the windows the chosen setting runs after the decision. A window has changed when the share of the loop's time a
+faster loader could win back (the planner's own reading of a window) grew over the decision's by ``min_gain`` and
+by more than the window's noise (two standard errors of its blocks' shares, as :mod:`~lightning_loadguard.model.noise`
+reads rates): the data side fell behind, whether the producer got slower (another job took the cores) or the step
+got faster than it keeps up with, at a rate that moved or not. A step that got slower, or faster with the loader
+keeping up, is not a change: no loader setting would win anything more. A change that holds over
+:data:`HOLD_WINDOWS` windows in a row is a reason to probe again. Plain Python, driven by windows, like the
+planner.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import stdev
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.capacity import WAIT_OK
-from lightning_loadguard.tuning.planner import Arm, _winnable, beats
+from lightning_loadguard.model.noise import BLOCK_STEPS, SIGMAS
+from lightning_loadguard.tuning.planner import Arm, _winnable
 
 HOLD_WINDOWS = 3
 """Windows in a row a change must show before the tuner probes again (``benchmarks/retune_sweep.py`` compares
 this with 1 and 2: fewer re-tune on the noise of a shared host, and with more a change is found later)."""
+
+_SHARE_BLOCKS = BLOCK_STEPS
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,15 @@ class HostChange:
     wait_now: float
     windows: int
 
+    winnable_before: float = 0.0
+    winnable_now: float = 0.0
+
     @property
     def reason(self) -> str:
-        direction = "fell" if self.rate_now < self.rate_before else "rose"
         return (
-            f"the chosen setting's rate {direction} from {self.rate_before:.1f} to {self.rate_now:.1f} steps/s over "
-            f"{self.windows} windows while the loop waited for data {self.wait_now:.0%} of its time"
+            f"the share of the loop's time a faster loader could win back grew from {self.winnable_before:.0%} to "
+            f"{self.winnable_now:.0%} over {self.windows} windows (the chosen setting ran {self.rate_before:.1f} "
+            f"steps/s when decided, {self.rate_now:.1f} now, waiting for data {self.wait_now:.0%} of the time)"
         )
 
 
@@ -89,17 +97,13 @@ class DecisionWatch:
         self.windows = 0
         """Windows read so far."""
         self._run: list[Arm] = []
-        self._direction = 0
 
     def record(self, window: WindowSnapshot) -> HostChange | None:
         """One window of the chosen setting: the change, once it held over ``hold`` windows, else ``None``."""
         self.windows += 1
         arm = Arm(self.reference.setting, window, 1)
-        direction = self._moved(arm)
-        if direction == 0 or direction != self._direction:
+        if not self._changed(arm):
             self._run = []
-        self._direction = direction
-        if direction == 0:
             return None
         self._run.append(arm)
         if len(self._run) < self.hold:
@@ -108,16 +112,26 @@ class DecisionWatch:
         loop = math.fsum(a.window.loop_s for a in runs)
         rate = sum(a.window.steps for a in runs) / loop if loop > 0 else 0.0
         wait = math.fsum(sum(a.window.wait_s) for a in runs) / loop if loop > 0 else 0.0
-        return HostChange(self.reference.rate, rate, wait, self.hold)
+        winnable = math.fsum(_winnable(a) * a.window.loop_s for a in runs) / loop if loop > 0 else 0.0
+        return HostChange(self.reference.rate, rate, wait, self.hold, self.reference.winnable, winnable)
 
-    def _moved(self, arm: Arm) -> int:
-        """+1 (faster) or -1 (slower) where ``arm`` moved from the reference beyond ``min_gain`` and the noise
-        while the share a loader could win back grew by ``min_gain``; 0 otherwise."""
+    def _changed(self, arm: Arm) -> bool:
+        """Whether the share of ``arm``'s loop a faster loader could win back grew over the reference's by
+        ``min_gain`` and beyond the window's noise."""
         winnable = _winnable(arm)
-        if winnable < max(WAIT_OK, self.reference.winnable + self.min_gain) or not math.isfinite(arm.error):
-            return 0
-        if beats(arm, self.reference, self.min_gain):
-            return 1
-        if beats(self.reference, arm, self.min_gain):
-            return -1
-        return 0
+        grew = winnable - self.reference.winnable
+        return winnable >= WAIT_OK and grew >= self.min_gain and grew > _share_noise(arm.window)
+
+
+def _share_noise(window: WindowSnapshot) -> float:
+    """Two standard errors of a window's wait share, from its consecutive blocks' shares (infinite with fewer
+    than two blocks: nothing says how far to trust it)."""
+    shares = []
+    for b in range(len(window.wait_s) // _SHARE_BLOCKS):
+        wait = math.fsum(window.wait_s[b * _SHARE_BLOCKS : (b + 1) * _SHARE_BLOCKS])
+        step = math.fsum(window.step_s[b * _SHARE_BLOCKS : (b + 1) * _SHARE_BLOCKS])
+        if wait + step > 0:
+            shares.append(wait / (wait + step))
+    if len(shares) < 2:
+        return math.inf
+    return SIGMAS * stdev(shares) / math.sqrt(len(shares))
