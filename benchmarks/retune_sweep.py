@@ -13,6 +13,7 @@ Usage::
 
     python benchmarks/retune_sweep.py                      # 500 pipelines, hold 1, 2 and 3
     python benchmarks/retune_sweep.py --count 100 --jobs 2 --hold 3
+    python benchmarks/retune_sweep.py --log-every 50     # windows cut at a fit's logging steps, as the session does
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def _or_dash(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
 
-def _one(seed: int, holds: tuple[int, ...], spanning: bool) -> tuple[list[Trial], dict[int, bool]]:
-    return trials(seed, holds, spanning=spanning), false_triggers(seed, holds)
+def _one(seed: int, holds: tuple[int, ...], spanning: bool, every: int | None) -> tuple[list[Trial], dict[int, bool]]:
+    return trials(seed, holds, spanning=spanning, every=every), false_triggers(seed, holds, every)
 
 
 def main() -> None:
@@ -48,11 +49,18 @@ def main() -> None:
         action="store_true",
         help="re-tune from the next epoch over as many epochs as a first tuning (default: the rest of the epoch)",
     )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=None,
+        help="cut the watch's windows at the logging steps of a fit that logs every N steps, as the session does "
+        "(default: windows of the planner's length back to back)",
+    )
     parser.add_argument("--worst", type=int, default=10, help="list this many of the worst re-tuned trials")
     args = parser.parse_args()
     holds = tuple(args.hold)
     started = time.perf_counter()
-    one = partial(_one, holds=holds, spanning=args.spanning)
+    one = partial(_one, holds=holds, spanning=args.spanning, every=args.log_every)
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             results = pool.map(one, range(args.count), chunksize=4)
@@ -65,20 +73,23 @@ def main() -> None:
     print(
         f"{args.count} pipelines ({tuned} tuned), commit {commit}, {time.perf_counter() - started:.0f} s; the change "
         f"after {PRE_WINDOWS} windows, at most {WATCH_WINDOWS} windows read after it and in the control; re-tunes "
-        f"{'from the next epoch, spanning as a first tuning' if args.spanning else 'over the rest of the epoch'}\n"
+        f"{'from the next epoch, spanning as a first tuning' if args.spanning else 'over the rest of the epoch'}; "
+        + ("windows back to back" if args.log_every is None else f"windows cut at logging steps every {args.log_every}")
+        + "\n"
     )
     figures = summary(all_trials, controls)
     print("Finding the change:\n")
     print(
         "| hold | trials | changes that matter | found | found where it matters | windows to find: median / p90 "
-        "/ worst | reported before the change | false triggers (control) | re-tune could not start |"
+        "/ worst | reported before the change | false triggers (control) | re-tune could not start "
+        "| too few windows |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for hold, f in figures.items():
         print(
             f"| {hold} | {f['n']:.0f} | {f['matter']:.0f} | {f['detected']:.1%} | {f['detected_matter']:.1%} "
             f"| {f['windows_median']:.0f} / {f['windows_p90']:.0f} / {f['windows_worst']:.0f} | {f['early']:.1%} "
-            f"| {f['false_triggers']:.1%} | {f['not_probed']:.1%} |"
+            f"| {f['false_triggers']:.1%} | {f['not_probed']:.1%} | {f['starved']:.1%} |"
         )
     print("\nWhere the run ends, over the changed pipeline's best:\n")
     print(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from itertools import islice
 from statistics import median, quantiles
 
 from sim_pipeline import Sim, SimPipeline, drive, tune, tune_sim
@@ -80,6 +81,31 @@ def watch_windows(sim: Sim, plan: Planner, warmup: int) -> Iterator[WindowSnapsh
         yield sim.window(mark)
 
 
+def logged_windows(sim: Sim, plan: Planner, warmup: int, every: int) -> Iterator[WindowSnapshot]:
+    """Windows as the session cuts them in a fit, where it reads them at the logging steps alone (every ``every``
+    steps of the fit: Lightning's ``log_every_n_steps``): the first mark at a logging step ``warmup`` steps after
+    the decision and into the epoch, a window cut at the first logging step ``plan.window_steps`` or more after the
+    mark but the epoch's last step, the next marked there; a new epoch marks afresh. Ends where three epochs in a
+    row held no window (the logging steps frame none in an epoch this short)."""
+    epoch_steps = sim.p.epoch_steps
+    start = sim.consumed + warmup
+    epoch, mark, cut, empty = (sim.consumed - 1) // epoch_steps, None, True, 0
+    while empty < 3:
+        sim.run((sim.consumed // every + 1) * every - sim.consumed)
+        ended = (sim.consumed - 1) // epoch_steps  # the epoch of the step that just ended
+        in_epoch = sim.consumed - ended * epoch_steps
+        if ended != epoch:
+            empty = 0 if cut else empty + 1
+            epoch, mark, cut = ended, None, False
+        if mark is None:
+            if in_epoch >= warmup and sim.consumed >= start:
+                mark = sim.consumed
+        elif sim.consumed - mark >= plan.window_steps and in_epoch < epoch_steps:
+            window = sim.window(mark)
+            mark, cut = sim.consumed, True
+            yield window
+
+
 def _arm_of(plan: Planner, chosen: LoaderSettings) -> Arm | None:
     """The planner's arm of the setting it chose (the decision may add ``persistent_workers``)."""
     return next((a for a in plan.arms.values() if a.setting.same_loader(chosen)), None)
@@ -97,9 +123,11 @@ class _Run:
     options: TuneOptions
 
 
-def _tuned_run(p: SimPipeline, seed: int) -> _Run | None:
-    """``p`` tuned, its chosen setting running and watched as the session watches it; ``None`` where the session
-    watches nothing (not tuned, or a verdict it does not revisit)."""
+def _tuned_run(p: SimPipeline, seed: int, every: int | None = None) -> _Run | None:
+    """``p`` tuned, its chosen setting running and watched as the session watches it (``every``: at the logging
+    steps of a fit that logs every ``every`` steps, :func:`logged_windows`; ``None``: windows of the planner's
+    length back to back, :func:`watch_windows`); ``None`` where the session watches nothing (not tuned, or a
+    verdict it does not revisit)."""
     options = TuneOptions(max_workers=p.max_workers)
     tuned, sim, plan = tune_sim(p, options, seed=seed)
     decision = tuned.decision
@@ -110,17 +138,26 @@ def _tuned_run(p: SimPipeline, seed: int) -> _Run | None:
         return None
     if sim.settings != decision.setting:
         sim.switch(decision.setting)
-    windows = watch_windows(sim, plan, options.warmup_steps)
+    if every is None:
+        windows = watch_windows(sim, plan, options.warmup_steps)
+    else:
+        windows = logged_windows(sim, plan, options.warmup_steps, every)
     return _Run(sim, plan, decision.setting, WatchReference.of(arm), windows, options)
 
 
 def retune(
-    sim: Sim, running: LoaderSettings, latest: WindowSnapshot, options: TuneOptions, *, spanning: bool = False
+    sim: Sim,
+    running: LoaderSettings,
+    latest: WindowSnapshot,
+    options: TuneOptions,
+    *,
+    spanning: bool = False,
+    every: int | None = None,
 ) -> LoaderSettings | None:
-    """Probe again from ``running``: a planner spanning the rest of the epoch ``sim`` is in, or the next epoch
-    where the rest cannot hold it (``spanning``: from the next epoch's start, over as many epochs as the first
-    tuning would span); the setting it decides on (``running`` where nothing beats it), or ``None`` where not
-    even an epoch holds a probe."""
+    """Probe again from ``running``: a planner spanning the rest of the epoch ``sim`` is in; where the rest cannot
+    hold it, tried again at the next logging step (``every``; ``None``: at the next epoch's start) until one can,
+    for at most two epochs (``spanning``: from the next epoch's start, over as many epochs as the first tuning
+    would span). The setting it decides on (``running`` where nothing beats it), or ``None`` where none started."""
     epoch_steps = sim.p.epoch_steps
     budget = tuner_budget(latest, options)
     if spanning:
@@ -131,26 +168,29 @@ def retune(
 
         plan = _spanning_planner(make, _span_choices(sim.p.max_epochs))
         return drive(sim, plan, options).chosen if plan.can_start() else None
-    plan = Planner(running, budget, options, epoch_steps - sim.consumed % epoch_steps, span_epochs=1)
-    if not plan.can_start():
-        sim.run(epoch_steps - sim.consumed % epoch_steps)
-        plan = Planner(running, budget, options, epoch_steps, span_epochs=1)
-        if not plan.can_start():
+    deadline = sim.consumed + 2 * epoch_steps
+    while True:
+        rest = epoch_steps - sim.consumed % epoch_steps
+        plan = Planner(running, budget, options, rest, span_epochs=1)
+        if plan.can_start():
+            return drive(sim, plan, options).chosen
+        if rest == epoch_steps or sim.consumed >= deadline:
             return None
-    return drive(sim, plan, options).chosen
+        sim.run(rest if every is None else (sim.consumed // every + 1) * every - sim.consumed)
 
 
 @dataclass(frozen=True)
 class Trial:
     """One pipeline, one change, one ``hold``: when the watch reported it and where the run ended.
 
-    ``detected``: windows from the change to the report (``None``: none within :data:`WATCH_WINDOWS`);
-    ``early``: the watch reported before the change (a false trigger, then set aside); ``probed``: whether the
-    re-tune could start (``None``: nothing found); ``kept`` and ``retuned``: steady rates on the changed pipeline
-    of the old choice and of the setting running after the procedure, over the changed pipeline's best;
-    ``fresh``: a first tuning of the changed pipeline from the user's settings, over the same best (what the
-    planner reaches with a fit's whole probing span); ``before``: the old choice on the pipeline before the
-    change, over its best then; ``None`` where not scored.
+    ``detected``: windows from the change to the report (``None``: none within :data:`WATCH_WINDOWS`); ``early``: the
+    watch reported before the change (a false trigger, then set aside); ``probed``: whether the re-tune could start
+    (``None``: nothing found); ``starved``: the watch got fewer windows than :data:`WATCH_WINDOWS` and found nothing
+    (an epoch too short for the logging steps to frame a window); ``kept`` and ``retuned``: steady rates on the
+    changed pipeline of the old choice and of the setting running after the procedure, over the changed pipeline's
+    best; ``fresh``: a first tuning of the changed pipeline from the user's settings, over the same best (what the
+    planner reaches with a fit's whole probing span); ``before``: the old choice on the pipeline before the change,
+    over its best then; ``None`` where not scored.
     """
 
     pipeline: SimPipeline
@@ -161,6 +201,7 @@ class Trial:
     detected: int | None
     early: bool
     probed: bool | None
+    starved: bool
     kept: float | None = None
     retuned: float | None = None
     fresh: float | None = None
@@ -180,40 +221,42 @@ def trials(
     min_gain: float | None = None,
     truth_steps: int | None = 600,
     spanning: bool = False,
+    every: int | None = None,
 ) -> list[Trial]:
     """The trials of pipeline ``seed`` (one per ``hold``, each its own run from the fit's start: the same until
     the watch differs), scored over ``truth_steps`` steady steps (``None``: not scored). ``min_gain``: the
-    watch's, where not the tuner's; ``spanning``: see :func:`retune`."""
+    watch's, where not the tuner's; ``spanning`` and ``every``: see :func:`retune` and :func:`_tuned_run`."""
     p = generate(seed)
     kind, changed = change(p, random.Random(seed * 7919 + 11))
     changed = replace(changed, name=p.name)
-    runs: list[tuple[int, LoaderSettings, LoaderSettings, int | None, bool, bool | None]] = []
+    runs: list[tuple[int, LoaderSettings, LoaderSettings, int | None, bool, bool | None, bool]] = []
     for hold in holds:
-        run = _tuned_run(p, seed)
+        run = _tuned_run(p, seed, every)
         if run is None:
             return []
         watch = DecisionWatch(run.reference, run.options.min_gain if min_gain is None else min_gain, hold)
         early = False
         for _ in range(PRE_WINDOWS):
-            if watch.record(next(run.windows)) is not None:
+            first = next(run.windows, None)
+            if first is not None and watch.record(first) is not None:
                 early = True
                 watch = DecisionWatch(run.reference, watch.min_gain, hold)
         run.sim.p = changed
-        detected, final, probed = None, run.chosen, None
-        for count in range(1, WATCH_WINDOWS + 1):
-            window = next(run.windows)
+        detected, final, probed, read = None, run.chosen, None, 0
+        for count, window in zip(range(1, WATCH_WINDOWS + 1), run.windows, strict=False):
+            read = count
             if watch.record(window) is not None:
                 detected = count
-                after = retune(run.sim, run.sim.settings, window, run.options, spanning=spanning)
+                after = retune(run.sim, run.sim.settings, window, run.options, spanning=spanning, every=every)
                 probed, final = after is not None, after or run.chosen
                 break
-        runs.append((hold, run.chosen, final, detected, early, probed))
+        runs.append((hold, run.chosen, final, detected, early, probed, detected is None and read < WATCH_WINDOWS))
     if truth_steps is None:
         return [Trial(p, kind, *r) for r in runs]
     fresh = tune(changed, TuneOptions(max_workers=p.max_workers), seed=seed).chosen
     truth = _Truth(changed, truth_steps)
     best = grid_best(changed, truth)
-    for s in [fresh, *(c for _, c, _, _, _, _ in runs), *(f for _, _, f, _, _, _ in runs)]:
+    for s in [fresh, *(r[1] for r in runs), *(r[2] for r in runs)]:
         if truth(s) > truth(best):
             best = s
     top = truth(best)
@@ -222,16 +265,15 @@ def trials(
     return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best, before) for r in runs]
 
 
-def false_triggers(seed: int, holds: Iterable[int]) -> dict[int, bool]:
+def false_triggers(seed: int, holds: Iterable[int], every: int | None = None) -> dict[int, bool]:
     """The control: pipeline ``seed`` tuned and run :data:`WATCH_WINDOWS` windows on an unchanged host; for each
-    ``hold``, whether a watch reported a change (empty where the pipeline was not tuned)."""
-    run = _tuned_run(generate(seed), seed)
+    ``hold``, whether a watch reported a change (empty where the pipeline was not tuned or not watched)."""
+    run = _tuned_run(generate(seed), seed, every)
     if run is None:
         return {}
     watches = {h: DecisionWatch(run.reference, run.options.min_gain, h) for h in holds}
     fired = dict.fromkeys(watches, False)
-    for _ in range(WATCH_WINDOWS):
-        window = next(run.windows)
+    for window in islice(run.windows, WATCH_WINDOWS):
         for hold, watch in watches.items():
             fired[hold] = fired[hold] or watch.record(window) is not None
     return fired
@@ -244,11 +286,11 @@ def _p(values: list[float], q: int) -> float:
 
 
 def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) -> dict[int, dict[str, float]]:
-    """By ``hold``: trials, changes that matter, detection rates (all, where it matters), windows to detect
-    (median, 90th percentile, worst), reports before the change, re-tunes that could not start (of those
-    found), false-trigger rate of the control, and the re-tuned and kept ratios (share >= 0.95, 1st percentile,
-    median, share re-tuned below kept beyond :data:`WORSE`; where it matters, re-tuned and a fresh tuning
-    >= 0.95, and the mean of re-tuned less kept)."""
+    """By ``hold``: trials, changes that matter, detection rates (all, where it matters), windows to detect (median,
+    90th percentile, worst), reports before the change, re-tunes that could not start (of those found), watches starved
+    of windows, false-trigger rate of the control, and the re-tuned and kept ratios (share >= 0.95, 1st percentile,
+    median, share re-tuned below kept beyond :data:`WORSE`; where it matters, re-tuned and a fresh tuning >= 0.95,
+    and the mean of re-tuned less kept)."""
     all_trials = list(all_trials)
     controls = [c for c in controls if c]
     out: dict[int, dict[str, float]] = {}
@@ -266,6 +308,7 @@ def summary(all_trials: Iterable[Trial], controls: Iterable[dict[int, bool]]) ->
             "windows_worst": max(found) if found else float("nan"),
             "early": sum(t.early for t in group) / len(group),
             "not_probed": sum(t.probed is False for t in group) / len(found) if found else 0.0,
+            "starved": sum(t.starved for t in group) / len(group),
             "false_triggers": sum(c[hold] for c in controls if hold in c) / len(controls) if controls else 0.0,
         }
         scored = [t for t in group if t.kept is not None and t.retuned is not None]
