@@ -14,6 +14,7 @@ Usage::
     python benchmarks/retune_sweep.py                      # 500 pipelines, hold 1, 2 and 3
     python benchmarks/retune_sweep.py --count 100 --jobs 2 --hold 3
     python benchmarks/retune_sweep.py --log-every 50     # windows cut at a fit's logging steps, as the session does
+    python benchmarks/retune_sweep.py --span rest        # re-tune over the rest of the epoch only
 """
 
 from __future__ import annotations
@@ -28,15 +29,22 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_retune import PRE_WINDOWS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
+from sim_retune import PRE_WINDOWS, SPANS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
+
+_SPAN_WORDS = {
+    "session": "where the session re-tunes (the rest of the epoch where it holds three candidates, else from the "
+    "next epoch spanning as a first tuning)",
+    "rest": "over the rest of the epoch",
+    "next": "from the next epoch, spanning as a first tuning",
+}
 
 
 def _or_dash(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
 
-def _one(seed: int, holds: tuple[int, ...], spanning: bool, every: int | None) -> tuple[list[Trial], dict[int, bool]]:
-    return trials(seed, holds, spanning=spanning, every=every), false_triggers(seed, holds, every)
+def _one(seed: int, holds: tuple[int, ...], span: str, every: int | None) -> tuple[list[Trial], dict[int, bool]]:
+    return trials(seed, holds, span=span, every=every), false_triggers(seed, holds, every)
 
 
 def main() -> None:
@@ -45,9 +53,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--hold", type=int, nargs="+", default=[1, 2, 3], help="the watch's hold windows to compare")
     parser.add_argument(
-        "--spanning",
-        action="store_true",
-        help="re-tune from the next epoch over as many epochs as a first tuning (default: the rest of the epoch)",
+        "--span",
+        choices=SPANS,
+        default="session",
+        help="where a re-tune probes: as the session does (default), over the rest of the epoch, or from the next "
+        "epoch spanning as a first tuning",
     )
     parser.add_argument(
         "--log-every",
@@ -60,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     holds = tuple(args.hold)
     started = time.perf_counter()
-    one = partial(_one, holds=holds, spanning=args.spanning, every=args.log_every)
+    one = partial(_one, holds=holds, span=args.span, every=args.log_every)
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             results = pool.map(one, range(args.count), chunksize=4)
@@ -73,7 +83,7 @@ def main() -> None:
     print(
         f"{args.count} pipelines ({tuned} tuned), commit {commit}, {time.perf_counter() - started:.0f} s; the change "
         f"after {PRE_WINDOWS} windows, at most {WATCH_WINDOWS} windows read after it and in the control; re-tunes "
-        f"{'from the next epoch, spanning as a first tuning' if args.spanning else 'over the rest of the epoch'}; "
+        f"{_SPAN_WORDS[args.span]}; "
         + ("windows back to back" if args.log_every is None else f"windows cut at logging steps every {args.log_every}")
         + "\n"
     )

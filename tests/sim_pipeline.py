@@ -594,11 +594,11 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
     """Drive ``plan`` on ``sim`` from where it runs ``plan.original``, as the session drives it: windows cut after
     each setting's warm-up, the host budget re-read from the latest window, a restart for every setting not
     measured again as it runs, an open window dropped at an epoch's end, the decision at the end of the probing
-    span (``plan.epoch_steps * plan.span_epochs`` steps from here: a re-tune's planner spans the rest of the
-    epoch it starts in) or where the planner has nothing left to measure."""
+    span (the end of the ``plan.span_epochs``-th epoch from the one it starts in: a re-tune's planner, sized to the
+    rest of that epoch, may start mid-epoch) or where the planner has nothing left to measure."""
     epoch_steps = sim.p.epoch_steps
     start = sim.consumed
-    span_end = start + plan.epoch_steps * plan.span_epochs
+    span_end = (start // epoch_steps + plan.span_epochs) * epoch_steps
     windows = 0
     decision: TuneDecision | None = None
     while decision is None:

@@ -2,16 +2,16 @@
 
 For a pipeline of :func:`sim_sweep.generate`: tune it (:func:`sim_pipeline.tune_sim`), run the chosen setting
 and feed :class:`~lightning_loadguard.tuning.watch.DecisionWatch` its windows (the planner's ``window_steps``
-steps, cut after ``warmup_steps`` at the decision and at each epoch's start, never across an epoch's end, as
-:class:`~lightning_loadguard.tuning.session.TuningSession` cuts them).
-After :data:`PRE_WINDOWS` windows the host changes (:data:`CHANGES`: another job takes cores, a job leaves, the
-step gets twice as fast or twice as slow); the windows from the change to the watch's report are counted (at most
-:data:`WATCH_WINDOWS`). On a report a new planner starts from the running setting, spanning the rest of the
-epoch, or the next epoch where the rest cannot hold it, and its decision runs from then on (it replaces the
-running setting only where it beats it). Scored against the changed pipeline's ground truth
-(:func:`sim_sweep.grid_best`): the setting running after the procedure, and the old choice kept (no re-tune),
-over the new best. A control runs the same pipelines without a change for :data:`WATCH_WINDOWS` windows: a
-report there is a re-tune the host's background load and drift alone set off.
+steps back to back, cut after ``warmup_steps`` at the decision and at each epoch's start, never across an epoch's
+end; or, as :class:`~lightning_loadguard.tuning.session.TuningSession` reads them in a fit, at the logging steps:
+:func:`logged_windows`). After :data:`PRE_WINDOWS` windows the host changes (:data:`CHANGES`: another job takes
+cores, a job leaves, the step gets twice as fast or twice as slow); the windows from the change to the watch's
+report are counted (at most :data:`WATCH_WINDOWS`). On a report a new planner starts from the running setting
+where the session starts it (:func:`retune`), and its decision runs from then on (it replaces the running setting
+only where it beats it). Scored against the changed pipeline's ground truth (:func:`sim_sweep.grid_best`): the
+setting running after the procedure, and the old choice kept (no re-tune), over the new best. A control runs the
+same pipelines without a change for :data:`WATCH_WINDOWS` windows: a report there is a re-tune the host's
+background load and drift alone set off.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Arm, Planner
-from lightning_loadguard.tuning.session import _WATCHED, _span_choices, _spanning_planner, tuner_budget
+from lightning_loadguard.tuning.session import (
+    _PROBES_WANTED,
+    _WATCHED,
+    _span_choices,
+    _spanning_planner,
+    tuner_budget,
+)
 from lightning_loadguard.tuning.watch import DecisionWatch, WatchReference
 
 CHANGES = ("job_arrives", "job_leaves", "step_faster", "step_slower")
@@ -145,38 +151,55 @@ def _tuned_run(p: SimPipeline, seed: int, every: int | None = None) -> _Run | No
     return _Run(sim, plan, decision.setting, WatchReference.of(arm), windows, options)
 
 
+SPANS = ("session", "rest", "next")
+"""Where a re-tune probes: ``session`` as :class:`~lightning_loadguard.tuning.session.TuningSession` does (over the
+rest of the epoch the change was found in where that holds as many candidates as a first tuning wants, else from
+the next epoch over as many epochs as a first tuning would span); ``rest``: over the rest of that epoch, or of the
+first epoch whose rest holds a candidate; ``next``: from the next epoch, spanning as a first tuning."""
+
+
 def retune(
     sim: Sim,
     running: LoaderSettings,
     latest: WindowSnapshot,
     options: TuneOptions,
     *,
-    spanning: bool = False,
+    span: str = "session",
     every: int | None = None,
 ) -> LoaderSettings | None:
-    """Probe again from ``running``: a planner spanning the rest of the epoch ``sim`` is in; where the rest cannot
-    hold it, tried again at the next logging step (``every``; ``None``: at the next epoch's start) until one can,
-    for at most two epochs (``spanning``: from the next epoch's start, over as many epochs as the first tuning
-    would span). The setting it decides on (``running`` where nothing beats it), or ``None`` where none started."""
+    """Probe again from ``running`` (where: ``span``, one of :data:`SPANS`); where it cannot start yet, tried again
+    at the next logging step (``every``; ``None``: at the next epoch's start), for at most two epochs. The setting
+    it decides on (``running`` where nothing beats it), or ``None`` where none started."""
+    if span not in SPANS:
+        raise ValueError(f"span must be one of {SPANS}, got {span!r}")
     epoch_steps = sim.p.epoch_steps
     budget = tuner_budget(latest, options)
-    if spanning:
-        sim.run(epoch_steps - sim.consumed % epoch_steps)
-
-        def make(span: int) -> Planner:
-            return Planner(running, budget, options, epoch_steps, span_epochs=span)
-
-        plan = _spanning_planner(make, _span_choices(sim.p.max_epochs))
-        return drive(sim, plan, options).chosen if plan.can_start() else None
+    found_in = sim.consumed // epoch_steps
     deadline = sim.consumed + 2 * epoch_steps
-    while True:
+    while sim.consumed < deadline:
         rest = epoch_steps - sim.consumed % epoch_steps
-        plan = Planner(running, budget, options, rest, span_epochs=1)
-        if plan.can_start():
+
+        def over(epochs: int, rest: int = rest) -> Planner:
+            return Planner(running, budget, options, rest, span_epochs=epochs)
+
+        plan: Planner | None = None
+        if span == "rest":
+            plan = over(1)
+        elif sim.consumed // epoch_steps == found_in:
+            if span == "session":
+                plan = over(1)
+                if plan.budget_steps < _PROBES_WANTED * plan.window:
+                    plan = None
+        else:
+            plan = _spanning_planner(over, _span_choices(sim.p.max_epochs))
+            if not plan.can_start():
+                return None
+        if plan is not None and plan.can_start():
             return drive(sim, plan, options).chosen
-        if rest == epoch_steps or sim.consumed >= deadline:
+        if span == "rest" and rest == epoch_steps:
             return None
         sim.run(rest if every is None else (sim.consumed // every + 1) * every - sim.consumed)
+    return None
 
 
 @dataclass(frozen=True)
@@ -220,12 +243,12 @@ def trials(
     *,
     min_gain: float | None = None,
     truth_steps: int | None = 600,
-    spanning: bool = False,
+    span: str = "session",
     every: int | None = None,
 ) -> list[Trial]:
     """The trials of pipeline ``seed`` (one per ``hold``, each its own run from the fit's start: the same until
     the watch differs), scored over ``truth_steps`` steady steps (``None``: not scored). ``min_gain``: the
-    watch's, where not the tuner's; ``spanning`` and ``every``: see :func:`retune` and :func:`_tuned_run`."""
+    watch's, where not the tuner's; ``span`` and ``every``: see :func:`retune` and :func:`_tuned_run`."""
     p = generate(seed)
     kind, changed = change(p, random.Random(seed * 7919 + 11))
     changed = replace(changed, name=p.name)
@@ -247,7 +270,7 @@ def trials(
             read = count
             if watch.record(window) is not None:
                 detected = count
-                after = retune(run.sim, run.sim.settings, window, run.options, spanning=spanning, every=every)
+                after = retune(run.sim, run.sim.settings, window, run.options, span=span, every=every)
                 probed, final = after is not None, after or run.chosen
                 break
         runs.append((hold, run.chosen, final, detected, early, probed, detected is None and read < WATCH_WINDOWS))
