@@ -195,6 +195,13 @@ def retune(
             if not plan.can_start():
                 return None
         if plan is not None and plan.can_start():
+            if span == "session":
+                # As the session: the windows that showed the change are the running setting's first measurement.
+                following = plan.record(latest)
+                if following is None:
+                    return plan.decide(startup_s=sim.startup_s or None).setting
+                if not plan.continuing:
+                    sim.switch(following)
             return drive(sim, plan, options).chosen
         if span == "rest" and rest == epoch_steps:
             return None
@@ -270,7 +277,9 @@ def trials(
             read = count
             if watch.record(window) is not None:
                 detected = count
-                after = retune(run.sim, run.sim.settings, window, run.options, span=span, every=every)
+                latest = watch.latest()
+                assert latest is not None
+                after = retune(run.sim, run.sim.settings, latest, run.options, span=span, every=every)
                 probed, final = after is not None, after or run.chosen
                 break
         runs.append((hold, run.chosen, final, detected, early, probed, detected is None and read < WATCH_WINDOWS))

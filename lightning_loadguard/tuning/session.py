@@ -541,7 +541,12 @@ class TuningSession:
             combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
             return self._plan(port, combined, failed_elsewhere, drew, reorders, now)
 
-        final, next_setting = self._together(port, "planning the next probe", plan)
+        self._go_on(port, *self._together(port, "planning the next probe", plan))
+
+    def _go_on(self, port: TrainerPort, final: TuneDecision | None, next_setting: LoaderSettings | None) -> None:
+        """A window was planned: finish with ``final``, or agree on the next setting and switch to it."""
+        planner = self._planner
+        assert planner is not None
         if final is not None:
             self._finish(port, final)
             return
@@ -919,27 +924,43 @@ class TuningSession:
         if due and self._retune_due is None:
             self._retune_due = change or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
             self._due_epoch = port.current_epoch
-        if self._retune_due is not None:
-            try:
-                self._together(port, "setting up the re-tune", lambda: self._start_retune(port))
-            except _Abandoned as stop:
-                self._abandon(port, stop)
+        if self._retune_due is None:
+            return
+        # The windows that showed the change measured the running setting as it runs now (mid-epoch, settled):
+        # they are its first measurement, where an epoch's start would catch its workers starting up.
+        running = watch.latest()
+        try:
+            if self._together(port, "setting up the re-tune", lambda: self._start_retune(port)) and running:
+                self._plan_running(port, running)
+        except _Abandoned as stop:
+            self._abandon(port, stop)
+
+    def _plan_running(self, port: TrainerPort, running: WindowSnapshot) -> None:
+        """The re-tune's first window: the running setting's windows the watch read (combined across ranks)."""
+        ranks = self._window_ranks()
+        rows = port.gather_rows(ranks.row(running, failed=False)) if port.world_size > 1 else None
+
+        def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
+            combined, failed_elsewhere = (running, False) if rows is None else ranks.combine(running, rows)
+            return self._plan(port, combined, failed_elsewhere, False, False, time.perf_counter())
+
+        self._go_on(port, *self._together(port, "planning the next probe", plan))
 
     def _at_epoch_end(self, port: TrainerPort) -> bool:
         # The epoch's last step also waits on what ends the epoch: its window is left for the next epoch's.
         steps = port.epoch_steps(self._loader)
         return steps is not None and port.consumed_in_epoch() >= steps
 
-    def _start_retune(self, port: TrainerPort) -> None:
+    def _start_retune(self, port: TrainerPort) -> bool:
         """Probe again from the running setting: over the rest of the epoch the change was found in where that
         holds as many candidates as a first tuning wants, else from the next epoch's start over as many epochs as
-        a first tuning would span (the change stays due until then)."""
+        a first tuning would span (the change stays due until then). Whether it started."""
         change, loader, decision = self._retune_due, self._loader, self.decision
         assert change is not None and loader is not None and decision is not None
         steps = port.epoch_steps(loader)
         if steps is None:
             self._stop_watching()
-            return
+            return False
         current = settings_of(loader)
         budget = self._budget = self._host_budget(port)
         left = max(0, steps - port.consumed_in_epoch())
@@ -950,7 +971,7 @@ class TuningSession:
         if port.current_epoch == self._due_epoch:
             planner = planner_over(1)
             if not (planner.can_start() and planner.budget_steps >= _PROBES_WANTED * planner.window):
-                return
+                return False
         else:
             remaining = None if port.max_epochs is None else max(1, port.max_epochs - port.current_epoch)
             planner = _spanning_planner(planner_over, _span_choices(remaining))
@@ -959,7 +980,7 @@ class TuningSession:
                 self._say(
                     f"auto-tuning does not probe again although {change.reason}: the epochs left hold no candidate."
                 )
-                return
+                return False
         self._retune_reason = change.reason if change.rate_now > 0 else "the windows changed on another rank"
         self._stop_watching()
         self._previous = decision
@@ -972,7 +993,8 @@ class TuningSession:
         self._say(f"auto-tuning probes again: {self._retune_reason}.")
         span = planner.span_epochs
         over = f"epochs {self._epoch} to {self._epoch + span - 1}" if span > 1 else f"the rest of epoch {self._epoch}"
-        self._progress(f"measuring {current.label} again, then probing over {over}")
+        self._progress(f"probing from {current.label}, as the watch measured it, over {over}")
+        return True
 
     def _report(self, port: TrainerPort, decision: TuneDecision) -> None:
         if port.global_rank != 0:

@@ -15,6 +15,7 @@ planner.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from statistics import stdev
 
@@ -97,10 +98,12 @@ class DecisionWatch:
         self.windows = 0
         """Windows read so far."""
         self._run: list[Arm] = []
+        self._recent: deque[WindowSnapshot] = deque(maxlen=hold)
 
     def record(self, window: WindowSnapshot) -> HostChange | None:
         """One window of the chosen setting: the change, once it held over ``hold`` windows, else ``None``."""
         self.windows += 1
+        self._recent.append(window)
         arm = Arm(self.reference.setting, window, 1)
         if not self._changed(arm):
             self._run = []
@@ -114,6 +117,15 @@ class DecisionWatch:
         wait = math.fsum(sum(a.window.wait_s) for a in runs) / loop if loop > 0 else 0.0
         winnable = math.fsum(_winnable(a) * a.window.loop_s for a in runs) / loop if loop > 0 else 0.0
         return HostChange(self.reference.rate, rate, wait, self.hold, self.reference.winnable, winnable)
+
+    def latest(self) -> WindowSnapshot | None:
+        """The last ``hold`` windows read, joined (``None`` before the first): the running setting as it runs now."""
+        if not self._recent:
+            return None
+        joined = self._recent[0]
+        for window in list(self._recent)[1:]:
+            joined = joined.joined(window)
+        return joined
 
     def _changed(self, arm: Arm) -> bool:
         """Whether the share of ``arm``'s loop a faster loader could win back grew over the reference's by
