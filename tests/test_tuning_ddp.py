@@ -66,3 +66,19 @@ def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_coll
     assert ranks[0]["decision"] is not None and ranks[0]["decision"] == ranks[1]["decision"]
     for rank, result in enumerate(ranks):
         assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)
+
+
+def test_a_change_after_the_decision_is_probed_again_on_every_rank_in_each_ranks_order(tmp_path: Path) -> None:
+    # test_retune_fit.py's data phase turns 25 times heavier from epoch 1: the ranks' watches read their windows at
+    # the same logging steps, agree that the change held, and probe again together.
+    out = tmp_path / "ddp"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = run_program([SCRIPT, out, "retune"], timeout=300, env=env, cwd=SCRIPT.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    decisions = [r["decision"] for r in ranks]
+    assert decisions[0] is not None and decisions[0] == decisions[1]
+    assert decisions[0]["retunes"] >= 1 and decisions[0]["num_workers"] > 1, decisions[0]
+    assert [r["workers"] for r in ranks] == [decisions[0]["num_workers"]] * 2
+    for rank, result in enumerate(ranks):
+        assert result["seen"] == [i for epoch in range(4) for i in _expected(rank, epoch)]

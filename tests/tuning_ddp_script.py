@@ -2,7 +2,8 @@
 
 An optional second argument makes LoadGuard's own work fail on rank 1 only: the tuner's at its second window,
 ``window`` (measuring it, before the ranks' gather) or ``record`` (planning, between the gather and the
-broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step.
+broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step. ``retune``
+instead runs test_retune_fit.py's phased data, heavy from epoch 1, for four epochs: the tuner probes again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 from pipelines import quiet_trainer
+from torch.utils.data import DataLoader
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
@@ -49,18 +51,28 @@ def _fail_on_rank_1(fault: str) -> None:
 
 def main(out: str, fault: str | None = None) -> None:
     warnings.simplefilter("ignore")
-    if fault is not None:
-        from lightning_loadguard import LoadGuardWarning
-
-        warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
-        _fail_on_rank_1(fault)
     pl.seed_everything(11, verbose=False)
-    loader = timed_loader(TimedDataset(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
-    guard = LoadGuard(
-        print_summary=False, auto_tune=TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
-    )
-    module = TimedModule(step_s=0.004)
-    trainer = quiet_trainer(max_epochs=2, callbacks=[guard], devices=2, strategy="ddp")
+    if fault == "retune":
+        from test_retune_fit import BATCH, OPTIONS, STEP_S, HeavyFrom, PhasedDataset
+
+        dataset = PhasedDataset()
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
+        guard = LoadGuard(print_summary=False, auto_tune=OPTIONS, log_every_n_steps=10)
+        module = TimedModule(step_s=STEP_S)
+        heavy = HeavyFrom(dataset, 1, guard)
+        trainer = quiet_trainer(max_epochs=4, callbacks=[guard, heavy], devices=2, strategy="ddp")
+    else:
+        if fault is not None:
+            from lightning_loadguard import LoadGuardWarning
+
+            warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
+            _fail_on_rank_1(fault)
+        loader = timed_loader(TimedDataset(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
+        guard = LoadGuard(
+            print_summary=False, auto_tune=TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+        )
+        module = TimedModule(step_s=0.004)
+        trainer = quiet_trainer(max_epochs=2, callbacks=[guard], devices=2, strategy="ddp")
     calls = _count_gathers(guard, trainer)
     trainer.fit(module, loader)
     decision = guard.decision.to_dict() if guard.decision else None

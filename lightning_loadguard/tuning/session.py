@@ -840,6 +840,11 @@ class TuningSession:
         )
 
     def _finish(self, port: TrainerPort, decision: TuneDecision) -> None:
+        previous = self._previous
+        if previous is not None:  # a re-tune: the user's settings stay the decision's original, for a resume
+            decision = replace(
+                decision, original=previous.original, retunes=previous.retunes + 1, retuned=self._retune_reason
+            )
         decision = self._agree_decision(port, decision)
         self._together(port, "applying the decision", lambda: self._apply_now(port, decision))
 
@@ -860,11 +865,7 @@ class TuningSession:
             self._keep_seed_draws(loader, decision)
         # The recorded order stays until epoch 0 ends: a failure of the chosen setting can still go back.
         self._active = False
-        previous, self._previous = self._previous, None
-        if previous is not None:
-            decision = replace(
-                decision, original=previous.original, retunes=previous.retunes + 1, retuned=self._retune_reason
-            )
+        self._previous = None
         self.decision = decision
         self._report(port, decision)
         self._start_watching(decision)
