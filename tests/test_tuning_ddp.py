@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from programs import run_program
@@ -20,12 +21,21 @@ def _expected(rank: int, epoch: int) -> list[int]:
     return list(sampler)
 
 
-def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> None:
+def _fit_with_output(tmp_path: Path, mode: str | None = None, timeout: float = 180) -> tuple[Any, list[dict[str, Any]]]:
+    """The script's 2-rank fit (``mode``: its fault or ``retune``): the finished process and each rank's record."""
     out = tmp_path / "ddp"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = run_program([SCRIPT, out], timeout=180, env=env, cwd=SCRIPT.parent)
+    proc = run_program([SCRIPT, out, *([mode] if mode else [])], timeout=timeout, env=env, cwd=SCRIPT.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    return proc, [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+
+
+def _fit(tmp_path: Path, mode: str | None = None, timeout: float = 180) -> list[dict[str, Any]]:
+    return _fit_with_output(tmp_path, mode, timeout)[1]
+
+
+def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> None:
+    ranks = _fit(tmp_path)
     decisions = [r["decision"] for r in ranks]
     assert decisions[0] is not None and decisions[0] == decisions[1]
     assert len(decisions[0]["candidates"]) >= 2  # measured and switched on both ranks
@@ -42,11 +52,7 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
 def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path: Path, fault: str, step: str) -> None:
     # Rank 1's tuner fails at its second window. Had it stopped alone, rank 0 would wait for it in the tuner's
     # next collective for good: every rank stops at the same point, back on the user's settings, in order.
-    out = tmp_path / "ddp"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = run_program([SCRIPT, out, fault], timeout=180, env=env, cwd=SCRIPT.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    proc, ranks = _fit_with_output(tmp_path, fault)
     assert [r["decision"] for r in ranks] == [None, None]
     assert [r["workers"] for r in ranks] == [1, 1]  # the user's settings
     for rank, result in enumerate(ranks):
@@ -58,11 +64,7 @@ def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_coll
     # Rank 1 cannot reduce the gathered figures at its second logging step. Were the gather switched off with
     # it, rank 1 would skip it from then on and rank 0 would wait in it for good (or meet the tuner's
     # collectives instead): the gather goes on on every rank, and the tuner decides as before.
-    out = tmp_path / "ddp"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = run_program([SCRIPT, out, "summarise"], timeout=180, env=env, cwd=SCRIPT.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    ranks = _fit(tmp_path, "summarise")
     assert ranks[0]["decision"] is not None and ranks[0]["decision"] == ranks[1]["decision"]
     for rank, result in enumerate(ranks):
         assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)
@@ -71,11 +73,7 @@ def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_coll
 def test_a_change_after_the_decision_is_probed_again_on_every_rank_in_each_ranks_order(tmp_path: Path) -> None:
     # test_retune_fit.py's data phase turns 25 times heavier from epoch 1: the ranks' watches read their windows at
     # the same logging steps, agree that the change held, and probe again together.
-    out = tmp_path / "ddp"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = run_program([SCRIPT, out, "retune"], timeout=300, env=env, cwd=SCRIPT.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    ranks = _fit(tmp_path, "retune", timeout=300)
     decisions = [r["decision"] for r in ranks]
     assert decisions[0] is not None and decisions[0] == decisions[1]
     assert decisions[0]["retunes"] >= 1 and decisions[0]["num_workers"] > 1, decisions[0]
