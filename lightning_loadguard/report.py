@@ -156,6 +156,8 @@ def metric_unit(name: str) -> str:
         return {"host_prefetch_capacity": "batches", "host_prefetch_queued": "batches"}.get(short, short[5:])
     if short == "hosts":
         return "hosts"
+    if short == "retunes":
+        return "re-tunes"
     return "rank" if short == "worst_rank" else ""
 
 
