@@ -91,10 +91,24 @@ def _fit(
     return module.seen, guard, clock
 
 
-def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(OPTIONS, id="fresh-workers"),
+        # Persistent workers chosen on the re-tune keep the later epochs' orders too (the seed draws torch skips).
+        pytest.param(
+            TuneOptions(warmup_steps=2, window_steps=6, persistent_min_share=0.0),
+            id="persistent",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster(
+    tmp_path: Path, options: TuneOptions
+) -> None:
     # The order does not depend on the timings: the untuned reference runs light and without a step.
     untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0)
-    seen, guard, clock = _fit(OPTIONS, logger=TensorBoardLogger(str(tmp_path), name="run"))
+    seen, guard, clock = _fit(options, logger=TensorBoardLogger(str(tmp_path), name="run"))
     assert seen == untuned  # every epoch's samples and order, re-tune included
     decision = guard.decision
     assert decision is not None
