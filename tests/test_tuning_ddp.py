@@ -70,6 +70,7 @@ def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_coll
         assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)
 
 
+@pytest.mark.slow
 def test_a_change_after_the_decision_is_probed_again_on_every_rank_in_each_ranks_order(tmp_path: Path) -> None:
     # test_retune_fit.py's data phase turns 25 times heavier from epoch 1: the ranks' watches read their windows at
     # the same logging steps, agree that the change held, and probe again together.
