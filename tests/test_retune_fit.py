@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_loadguard import ResumableLoaderMixin
+from lightning_loadguard import LoadGuardWarning, ResumableLoaderMixin
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.cli._runs import read_runs
@@ -87,6 +87,7 @@ def _fit(
     trainer = quiet_trainer(max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock], logger=logger)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
         trainer.fit(module, loader)
     return module.seen, guard, clock
 
@@ -211,3 +212,18 @@ def test_a_fit_stopped_after_a_re_tune_resumes_with_no_sample_skipped_or_repeate
     assert len(first) % LENGTH, len(first)  # inside an epoch
     rest, _ = fit(OPTIONS, heavy_from=1, resume=True)
     assert first + rest == untuned
+
+
+def test_a_watch_that_fails_stops_watching_says_so_once_and_training_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_loadguard.tuning.watch import DecisionWatch
+
+    def fails(self: DecisionWatch, window: Any) -> None:
+        raise RuntimeError("no window today")
+
+    monkeypatch.setattr(DecisionWatch, "record", fails)
+    said_first = "auto-tuning stops watching its decision: reading a window failed"
+    with pytest.warns(LoadGuardWarning, match=said_first) as said:
+        seen, guard, _ = _fit(OPTIONS, epochs=2, max_steps=LENGTH // BATCH + 50)
+    assert sum("stops watching" in str(w.message) for w in said) == 1
+    assert guard.decision is not None and guard.decision.retunes == 0
+    assert len(seen) == LENGTH + 50 * BATCH

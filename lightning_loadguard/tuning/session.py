@@ -909,19 +909,22 @@ class TuningSession:
         watch, planner = self._decision_watch, self._planner
         assert watch is not None and planner is not None
         change: HostChange | None = None
-        total = self.monitor.total_steps
-        if port.current_epoch != self._watch_epoch:
-            self._watch_epoch, self._watch_mark = port.current_epoch, None  # a window never spans an epoch's end
-        if self._watch_mark is None:
-            if port.consumed_in_epoch() >= self.options.warmup_steps and total >= self._watch_from:
-                self._watch_mark = self.monitor.mark()
-        elif total - self._watch_mark.steps >= planner.window_steps and not self._at_epoch_end(port):
-            window = self._measured(port, self._watch_mark)
-            self._watch_mark = self.monitor.mark()
-            change = watch.record(window)
+        error: Exception | None = None
+        try:
+            change = self._read_watch_window(port, watch, planner.window_steps)
+        except Exception as err:  # every rank still reaches the collectives below, then all stop watching
+            error = err
+        failed = error is not None
         due = change is not None
         if port.world_size > 1:
-            due = port.any_rank(due)
+            failed = port.any_rank(failed)
+            due = not failed and port.any_rank(due)
+        if failed:
+            self._stop_watching()
+            where = f"{type(error).__name__}: {error}" if error is not None else "on another rank"
+            self._say(f"auto-tuning stops watching its decision: reading a window failed ({where}); "
+                      f"{settings_of(self._loader).label if self._loader is not None else 'the loader'} runs on.")
+            return
         if due and self._retune_due is None:
             self._retune_due = change or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
             self._due_epoch = port.current_epoch
@@ -936,10 +939,33 @@ class TuningSession:
         except _Abandoned as stop:
             self._abandon(port, stop)
 
+    def _read_watch_window(self, port: TrainerPort, watch: DecisionWatch, steps: int) -> HostChange | None:
+        """Cut the running setting's window where one of ``steps`` steps is complete, and read it."""
+        total = self.monitor.total_steps
+        if port.current_epoch != self._watch_epoch:
+            self._watch_epoch, self._watch_mark = port.current_epoch, None  # a window never spans an epoch's end
+        if self._watch_mark is None:
+            if port.consumed_in_epoch() >= self.options.warmup_steps and total >= self._watch_from:
+                self._watch_mark = self.monitor.mark()
+            return None
+        if total - self._watch_mark.steps < steps or self._at_epoch_end(port):
+            return None
+        window = self._measured(port, self._watch_mark)
+        self._watch_mark = self.monitor.mark()
+        return watch.record(window)
+
     def _plan_running(self, port: TrainerPort, running: WindowSnapshot) -> None:
         """The re-tune's first window: the running setting's windows the watch read (combined across ranks)."""
         ranks = self._window_ranks()
-        rows = port.gather_rows(ranks.row(running, failed=False)) if port.world_size > 1 else None
+        rows = None
+        if port.world_size > 1:
+            try:
+                row = ranks.row(running, failed=False)
+            except Exception:
+                row = ranks.row(None, failed=False)  # the gather goes on; every rank sees the broken row
+            rows = port.gather_rows(row)
+            if ranks.broken(rows):
+                raise _Abandoned("measuring the window", None)
 
         def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
             combined, failed_elsewhere = (running, False) if rows is None else ranks.combine(running, rows)
