@@ -32,6 +32,22 @@ def block_rates(loop_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float
     ]
 
 
+def block_shares(wait_s: Sequence[float], step_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float]:
+    """The share of the loop's time each whole block of ``block`` consecutive steps waited for data.
+
+    Example:
+        >>> block_shares([0.0] * 4 + [0.1] * 4, [0.1] * 8)
+        [0.0, 0.5]
+    """
+    shares = []
+    for b in range(len(wait_s) // block):
+        wait = math.fsum(wait_s[b * block : (b + 1) * block])
+        loop = wait + math.fsum(step_s[b * block : (b + 1) * block])
+        if loop > 0:
+            shares.append(wait / loop)
+    return shares
+
+
 def relative_error(rates: Sequence[float]) -> float:
     """Standard error of the mean of ``rates``, relative to it (0 for fewer than two rates).
 

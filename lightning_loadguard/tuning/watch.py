@@ -22,14 +22,12 @@ from statistics import stdev
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.capacity import WAIT_OK
-from lightning_loadguard.model.noise import BLOCK_STEPS, SIGMAS
+from lightning_loadguard.model.noise import SIGMAS, block_shares
 from lightning_loadguard.tuning.planner import Arm, _winnable
 
 HOLD_WINDOWS = 3
 """Windows in a row a change must show before the tuner probes again (``benchmarks/retune_sweep.py`` compares
 this with 1 and 2: fewer re-tune on the noise of a shared host, and with more a change is found later)."""
-
-_SHARE_BLOCKS = BLOCK_STEPS
 
 
 @dataclass(frozen=True)
@@ -95,27 +93,19 @@ class DecisionWatch:
         self.reference = reference
         self.min_gain = min_gain
         self.hold = hold
-        self.windows = 0
-        """Windows read so far."""
-        self._run: list[Arm] = []
         self._recent: deque[WindowSnapshot] = deque(maxlen=hold)
+        self._held = 0  # the latest windows in a row that changed
 
     def record(self, window: WindowSnapshot) -> HostChange | None:
         """One window of the chosen setting: the change, once it held over ``hold`` windows, else ``None``."""
-        self.windows += 1
         self._recent.append(window)
-        arm = Arm(self.reference.setting, window, 1)
-        if not self._changed(arm):
-            self._run = []
+        self._held = self._held + 1 if self._changed(window) else 0
+        if self._held < self.hold:
             return None
-        self._run.append(arm)
-        if len(self._run) < self.hold:
-            return None
-        runs = self._run[-self.hold :]
-        loop = math.fsum(a.window.loop_s for a in runs)
-        rate = sum(a.window.steps for a in runs) / loop if loop > 0 else 0.0
-        wait = math.fsum(sum(a.window.wait_s) for a in runs) / loop if loop > 0 else 0.0
-        winnable = math.fsum(_winnable(a) * a.window.loop_s for a in runs) / loop if loop > 0 else 0.0
+        loop = math.fsum(w.loop_s for w in self._recent)
+        rate = sum(w.steps for w in self._recent) / loop if loop > 0 else 0.0
+        wait = math.fsum(sum(w.wait_s) for w in self._recent) / loop if loop > 0 else 0.0
+        winnable = math.fsum(self._winnable(w) * w.loop_s for w in self._recent) / loop if loop > 0 else 0.0
         return HostChange(self.reference.rate, rate, wait, self.hold, self.reference.winnable, winnable)
 
     def latest(self) -> WindowSnapshot | None:
@@ -127,23 +117,21 @@ class DecisionWatch:
             joined = joined.joined(window)
         return joined
 
-    def _changed(self, arm: Arm) -> bool:
-        """Whether the share of ``arm``'s loop a faster loader could win back grew over the reference's by
+    def _winnable(self, window: WindowSnapshot) -> float:
+        return _winnable(Arm(self.reference.setting, window, 1))
+
+    def _changed(self, window: WindowSnapshot) -> bool:
+        """Whether the share of ``window``'s loop a faster loader could win back grew over the reference's by
         ``min_gain`` and beyond the window's noise."""
-        winnable = _winnable(arm)
+        winnable = self._winnable(window)
         grew = winnable - self.reference.winnable
-        return winnable >= WAIT_OK and grew >= self.min_gain and grew > _share_noise(arm.window)
+        return winnable >= WAIT_OK and grew >= self.min_gain and grew > _share_noise(window)
 
 
 def _share_noise(window: WindowSnapshot) -> float:
     """Two standard errors of a window's wait share, from its consecutive blocks' shares (infinite with fewer
     than two blocks: nothing says how far to trust it)."""
-    shares = []
-    for b in range(len(window.wait_s) // _SHARE_BLOCKS):
-        wait = math.fsum(window.wait_s[b * _SHARE_BLOCKS : (b + 1) * _SHARE_BLOCKS])
-        step = math.fsum(window.step_s[b * _SHARE_BLOCKS : (b + 1) * _SHARE_BLOCKS])
-        if wait + step > 0:
-            shares.append(wait / (wait + step))
+    shares = block_shares(window.wait_s, window.step_s)
     if len(shares) < 2:
         return math.inf
     return SIGMAS * stdev(shares) / math.sqrt(len(shares))
