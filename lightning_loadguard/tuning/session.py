@@ -1013,6 +1013,7 @@ class TuningSession:
         self._previous = decision
         self._planner = planner
         self._good = current
+        self._fault = None  # a probe of the first tuning that failed is not the running setting's failure
         self._active = True
         self._epoch = self._first_epoch = port.current_epoch
         self._step = 0
