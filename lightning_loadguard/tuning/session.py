@@ -336,7 +336,7 @@ class TuningSession:
         self._watch_mark: WindowMark | None = None
         self._watch_epoch = 0
         self._watch_from = 0  # the monitor's step count from which the running setting has settled
-        self._retune_due: HostChange | None = None
+        self._retune_due = False  # a change held (on some rank) and the re-tune has not started yet
         self._previous: TuneDecision | None = None  # the decision a re-tune under way started from
         self._retune_reason = ""
         self._due_epoch = 0  # the epoch the change the session is about to probe was found in
@@ -346,7 +346,7 @@ class TuningSession:
         state = dict(self.__dict__)
         state.update(
             _loader=None, _tap=None, _active=False, _stand_ins=[], _draws=None, _port=None, _broken=None,
-            _order_note=None, _decision_watch=None, _watch_mark=None, _retune_due=None, _previous=None,
+            _order_note=None, _decision_watch=None, _watch_mark=None, _retune_due=False, _previous=None,
         )
         return state
 
@@ -529,7 +529,7 @@ class TuningSession:
         start = self._window_start
         # On an accelerator a setting is judged by the device's idle: a pinned copy lets the host run ahead,
         # which the host's own clock does not show.
-        local, rows = self._gathered_window(port, start)
+        local, rows = self._gathered_window(port, lambda: self._measured(port, start))
         drew = reorders = False
         if not planner.measurements and not self._iterable:  # the user's own settings, measured first
             drew, reorders = self._in_process_draws()
@@ -692,9 +692,10 @@ class TuningSession:
         return self.monitor.snapshot(since=start).device_view()
 
     def _gathered_window(
-        self, port: TrainerPort, start: WindowMark | None
+        self, port: TrainerPort, measure: Callable[[], WindowSnapshot]
     ) -> tuple[WindowSnapshot, list[list[float]] | None]:
-        """This rank's window and (where several processes train) every rank's row of it, in one collective.
+        """This rank's window (``measure``) and (where several processes train) every rank's row of it, in one
+        collective.
 
         The row also says whether the setting failed here and whether measuring failed here (now, or a step
         since the last collective: see :meth:`_together`); where it did on any rank, every rank raises
@@ -705,7 +706,7 @@ class TuningSession:
             what, error = self._broken
         else:
             try:
-                local = self._measured(port, start)
+                local = measure()
             except Exception as err:
                 error = err
         if port.world_size <= 1:
@@ -900,7 +901,7 @@ class TuningSession:
     def _stop_watching(self) -> None:
         self._decision_watch = None
         self._watch_mark = None
-        self._retune_due = None
+        self._retune_due = False
 
     def _watch_decision(self, port: TrainerPort) -> None:
         """A logging step after the decision (every rank calls here on the same steps, while other calls depend on
@@ -925,10 +926,10 @@ class TuningSession:
             self._say(f"auto-tuning stops watching its decision: reading a window failed ({where}); "
                       f"{settings_of(self._loader).label if self._loader is not None else 'the loader'} runs on.")
             return
-        if due and self._retune_due is None:
-            self._retune_due = change or HostChange(watch.reference.rate, 0.0, 0.0, watch.hold)
-            self._due_epoch = port.current_epoch
-        if self._retune_due is None:
+        if due and not self._retune_due:
+            self._retune_due, self._due_epoch = True, port.current_epoch
+            self._retune_reason = change.reason if change is not None else "the windows changed on another rank"
+        if not self._retune_due:
             return
         # The windows that showed the change measured the running setting as it runs now (mid-epoch, settled):
         # they are its first measurement, where an epoch's start would catch its workers starting up.
@@ -956,19 +957,10 @@ class TuningSession:
 
     def _plan_running(self, port: TrainerPort, running: WindowSnapshot) -> None:
         """The re-tune's first window: the running setting's windows the watch read (combined across ranks)."""
-        ranks = self._window_ranks()
-        rows = None
-        if port.world_size > 1:
-            try:
-                row = ranks.row(running, failed=False)
-            except Exception:
-                row = ranks.row(None, failed=False)  # the gather goes on; every rank sees the broken row
-            rows = port.gather_rows(row)
-            if ranks.broken(rows):
-                raise _Abandoned("measuring the window", None)
+        local, rows = self._gathered_window(port, lambda: running)
 
         def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
-            combined, failed_elsewhere = (running, False) if rows is None else ranks.combine(running, rows)
+            combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
             return self._plan(port, combined, failed_elsewhere, False, False, time.perf_counter())
 
         self._go_on(port, *self._together(port, "planning the next probe", plan))
@@ -982,8 +974,8 @@ class TuningSession:
         """Probe again from the running setting: over the rest of the epoch the change was found in where that
         holds as many candidates as a first tuning wants, else from the next epoch's start over as many epochs as
         a first tuning would span (the change stays due until then). Whether it started."""
-        change, loader, decision = self._retune_due, self._loader, self.decision
-        assert change is not None and loader is not None and decision is not None
+        loader, decision = self._loader, self.decision
+        assert self._retune_due and loader is not None and decision is not None
         steps = port.epoch_steps(loader)
         if steps is None:
             self._stop_watching()
@@ -1004,11 +996,9 @@ class TuningSession:
             planner = _spanning_planner(planner_over, _span_choices(remaining))
             if not planner.can_start():
                 self._stop_watching()
-                self._say(
-                    f"auto-tuning does not probe again although {change.reason}: the epochs left hold no candidate."
-                )
+                reason = self._retune_reason
+                self._say(f"auto-tuning does not probe again although {reason}: the epochs left hold no candidate.")
                 return False
-        self._retune_reason = change.reason if change.rate_now > 0 else "the windows changed on another rank"
         self._stop_watching()
         self._previous = decision
         self._planner = planner
