@@ -66,10 +66,11 @@ class TuneOptions:
             keeps the untuned samples and order, the draws moved into workers follow torch's worker seeding
             (as with ``num_workers`` changed by hand), and where the shuffle order is drawn from a stream
             those draws advanced, later epochs hold every sample once in another order (said once).
-        retune: ``True`` (default): after deciding, keep watching the chosen setting's windows, and where its
-            rate moves beyond ``min_gain`` and the noise over several windows in a row while the loop waits for
-            data (another job took the cores, the step got faster), probe again from the running setting, as in
-            epoch 0 (same samples, same order, the same probe share of the steps it spans). ``False``: decide once.
+        retune: ``True`` (default): after deciding, keep watching the chosen setting's windows, and where the
+            share of the loop a faster loader could win back grows by ``min_gain`` beyond the noise over several
+            windows in a row (another job took the cores, the step got faster than the loader keeps up with),
+            probe again from the running setting, as in epoch 0 (same samples, same order, the same probe share
+            of the steps it spans). ``False``: decide once.
 
     Example:
         >>> TuneOptions(probe_share=0.1, memory_share=0.25).probe_share
@@ -116,12 +117,8 @@ class TuneOptions:
         if self.window_steps is not None:
             _int("window_steps", self.window_steps, 4)
         _share("min_gain", self.min_gain, open_low=False)
-        if not isinstance(self.tune_persistent_workers, bool):
-            raise ValueError(
-                f"TuneOptions.tune_persistent_workers must be True or False, got {self.tune_persistent_workers!r}"
-            )
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
-        for name in ("keep_random_draws", "retune"):
+        for name in ("tune_persistent_workers", "keep_random_draws", "retune"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TuneOptions.{name} must be True or False, got {getattr(self, name)!r}")
 

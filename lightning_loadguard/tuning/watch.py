@@ -71,7 +71,8 @@ class DecisionWatch:
 
     Args:
         reference: the decision's measurement of the setting it chose.
-        min_gain: the tuner's ``min_gain``: a rate must move at least this much (and beyond the noise).
+        min_gain: the tuner's ``min_gain``: the share a faster loader could win back must grow this much (and
+            beyond the noise).
         hold: windows in a row the change must show.
 
     Example:
