@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightning_loadguard.position.record import IndexRecord
 from lightning_loadguard.position.switch import OrderTap, apply_settings, restart_iterator
 
 
@@ -79,3 +83,82 @@ def test_settings_are_validated_and_applied_without_a_live_iterator() -> None:
         apply_settings(loader, batch_size=4)
     with pytest.raises(ValueError, match="prefetch_factor"):
         apply_settings(loader, num_workers=1, prefetch_factor=0)
+
+
+def test_the_tap_holds_an_epochs_indices_at_four_bytes_each() -> None:
+    # 5,000 batches of 256 held as Python lists take about 50 MiB; the bound is 4 bytes an index plus slack.
+    loader = DataLoader(range(5_000 * 256), batch_size=256, shuffle=True)
+    tap = OrderTap.install(loader)
+    tracemalloc.start()
+    try:
+        for _ in iter(loader._index_sampler):
+            pass
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(tap.drawn) == 5_000
+    assert held < 8 * 2**20, f"the tap holds {held / 2**20:.1f} MiB for 1.28 million indices"
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [[4, 1], [2**40, 3], []],  # past 32 bits
+        [[1, 2], (3, 4), [5]],  # a tuple among lists
+        [[1, np.int64(2)], [3]],  # numpy ints stay numpy ints
+        [[True, 0], [1]],
+        [torch.tensor([1, 2]), torch.tensor([3])],
+        ["a", "b", "c"],  # keys, without automatic batching
+        [7, 2, 2**70],
+    ],
+)
+def test_the_record_plays_back_each_item_as_recorded_type_included(items: list) -> None:
+    record = IndexRecord()
+    for item in items:
+        record.append(item)
+    for start in range(len(items) + 1):
+        got = record.since(start)
+        assert len(got) == len(items) - start
+        for played, recorded in zip(got, items[start:], strict=True):
+            assert type(played) is type(recorded)
+            if isinstance(recorded, torch.Tensor):
+                assert torch.equal(played, recorded)
+            else:
+                assert played == recorded
+            if isinstance(recorded, list):
+                assert [type(v) for v in played] == [type(v) for v in recorded]
+
+
+def test_a_switch_replays_a_custom_batch_samplers_own_items() -> None:
+    class Pairs:
+        """A batch sampler yielding tuples of numpy ints, as some bucketing samplers do."""
+
+        def __iter__(self):
+            order = torch.randperm(24).tolist()
+            return iter(tuple(np.int64(i) for i in order[k : k + 3]) for k in range(0, 24, 3))
+
+        def __len__(self) -> int:
+            return 8
+
+    seen: list[type] = []
+
+    class Data(torch.utils.data.Dataset):
+        def __getitem__(self, index):
+            seen.append(type(index))
+            return int(index)
+
+        def __len__(self) -> int:
+            return 24
+
+    torch.manual_seed(5)
+    expected = [b.tolist() for b in DataLoader(Data(), batch_sampler=Pairs())]
+    seen.clear()
+    torch.manual_seed(5)
+    loader = DataLoader(Data(), batch_sampler=Pairs(), num_workers=0)
+    tap = OrderTap.install(loader)
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]
+    it = restart_iterator(loader, tap, 2, old_iterator=it, num_workers=0)
+    got = got[:2] + _batches(it)
+    assert got == expected
+    assert set(seen) == {np.int64}

@@ -9,7 +9,8 @@ what holds the loader's order:
 - a user's own loader (e.g. ``shuffle=True`` drawing its permutation from the global random stream) has no
   such order to recompute, so :class:`OrderTap` stands in for its index sampler (its batch sampler, or its
   sampler without automatic batching), passes through exactly what the user's sampler yields, in the same
-  calls, and remembers every batch of indices handed out in the current iterator's run; the batches the old
+  calls, and remembers every batch of indices handed out in the current iterator's run (compactly:
+  :class:`~lightning_loadguard.position.record.IndexRecord`); the batches the old
   workers had read ahead are replayed, then the same live sampler run continues.
 
 Either way the running iterator is shut down, the new settings applied, and the new iterator's first batch
@@ -56,6 +57,7 @@ from torch.utils.data import (
 from lightning_loadguard import _torch
 from lightning_loadguard.meters.settings import DEFAULT_PREFETCH, SWITCHABLE
 from lightning_loadguard.position.iterable import StatefulIterableTap
+from lightning_loadguard.position.record import IndexRecord
 from lightning_loadguard.position.sampler import PlannedBatchSampler, PlannedSampler
 
 _TAP_ATTR = "_loadguard_order_tap"
@@ -74,7 +76,7 @@ class OrderTap:
         self.inner = inner
         self.attribute = attribute
         self.recording = True
-        self.drawn: list[Any] = []
+        self.drawn = IndexRecord()
         self._source: Iterator[Any] | None = None
         self._replay: list[Any] | None = None
 
@@ -102,7 +104,7 @@ class OrderTap:
     def remove(self, loader: DataLoader) -> None:
         """Give the loader its own sampler back; iterators that still hold the tap pass straight through."""
         self.recording = False
-        self.drawn = []
+        self.drawn = IndexRecord()
         if loader.__dict__.get(_TAP_ATTR) is self:
             loader.__dict__[self.attribute] = self.inner
             del loader.__dict__[_TAP_ATTR]
@@ -113,7 +115,7 @@ class OrderTap:
             raise ValueError(f"consumed must be in [0, {len(self.drawn)}] (batches drawn so far), got {consumed}")
         if self._source is None:
             raise RuntimeError("no run to continue: the tapped sampler was never iterated")
-        self._replay = self.drawn[consumed:]
+        self._replay = self.drawn.since(consumed)
 
     def __iter__(self) -> Iterator[Any]:
         # torch calls iter() on the index sampler twice when it builds a worker iterator and drops the first
@@ -124,7 +126,7 @@ class OrderTap:
         return self._record(iter(self.inner))
 
     def _record(self, source: Iterator[Any]) -> Iterator[Any]:
-        self.drawn = []
+        self.drawn = IndexRecord()
         self._source = source
         for item in source:
             if self.recording:
