@@ -164,7 +164,7 @@ class HeavyOnResume(HeavyFrom):
     def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard, stop: int | None, ckpt: Path) -> None:
         super().__init__(dataset, epoch, guard)
         self.stop, self.ckpt = stop, ckpt
-        self.retunes_at_stop = 0
+        self.decision_at_stop: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.current_epoch >= self.epoch >= 0:
@@ -177,7 +177,7 @@ class HeavyOnResume(HeavyFrom):
         if self.stop is not None and not trainer.should_stop and (
             trainer.global_step == self.stop or (self.stop == 0 and retunes)
         ):
-            self.retunes_at_stop = retunes
+            self.decision_at_stop = decision
             trainer.save_checkpoint(self.ckpt)
             trainer.should_stop = True
 
@@ -189,29 +189,53 @@ class HeavyOnResume(HeavyFrom):
         pytest.param(2 * LENGTH // BATCH + 60, id="mid-way-through-the-next-epoch", marks=pytest.mark.slow),
     ],
 )
+def _resumable_fit(
+    ckpt: Path, tune: bool | TuneOptions, heavy_from: int, stop: int | None = None, resume: bool = False
+) -> tuple[list[int], HeavyOnResume]:
+    pl.seed_everything(5, verbose=False)
+    dataset = PhasedDataset()
+    guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
+    clock = HeavyOnResume(dataset, heavy_from, guard, stop, ckpt)
+    module = TimedModule(step_s=STEP_S if tune else 0.0)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[guard, clock])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=PhasedData(dataset), ckpt_path=str(ckpt) if resume else None)
+    return module.seen, clock
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        pytest.param(0, id="right-after-the-re-tune-switched"),
+        pytest.param(2 * LENGTH // BATCH + 60, id="mid-way-through-the-next-epoch", marks=pytest.mark.slow),
+    ],
+)
 def test_a_fit_stopped_after_a_re_tune_resumes_with_no_sample_skipped_or_repeated(tmp_path: Path, stop: int) -> None:
     ckpt = tmp_path / "retuned.ckpt"
-
-    def fit(tune: bool | TuneOptions, heavy_from: int, stop: int | None = None, resume: bool = False) -> tuple[
-        list[int], HeavyOnResume
-    ]:
-        pl.seed_everything(5, verbose=False)
-        dataset = PhasedDataset()
-        guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
-        clock = HeavyOnResume(dataset, heavy_from, guard, stop, ckpt)
-        module = TimedModule(step_s=STEP_S if tune else 0.0)
-        trainer = quiet_trainer(max_epochs=3, callbacks=[guard, clock])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(module, datamodule=PhasedData(dataset), ckpt_path=str(ckpt) if resume else None)
-        return module.seen, clock
-
-    untuned, _ = fit(False, heavy_from=-1)
-    first, clock = fit(OPTIONS, heavy_from=1, stop=stop)
-    assert clock.retunes_at_stop >= 1  # not vacuous: the fit was stopped with a re-tuned decision,
+    untuned, _ = _resumable_fit(ckpt, False, heavy_from=-1)
+    first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=1, stop=stop)
+    assert clock.decision_at_stop.retunes >= 1  # not vacuous: the fit was stopped with a re-tuned decision,
     assert len(first) % LENGTH, len(first)  # inside an epoch
-    rest, _ = fit(OPTIONS, heavy_from=1, resume=True)
+    rest, _ = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True)
     assert first + rest == untuned
+
+
+def test_a_fit_resumed_onto_a_heavier_data_phase_probes_the_stored_decision_again(tmp_path: Path) -> None:
+    # The first fit decides on the light phase and stops mid-way through epoch 1; the resumed one runs heavy from
+    # its first step, as after a move to a slower host. It watches the stored decision against what the decision
+    # measured, probes again, and keeps every sample once in the untuned order.
+    ckpt = tmp_path / "light.ckpt"
+    untuned, _ = _resumable_fit(ckpt, False, heavy_from=-1)
+    first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=-1, stop=LENGTH // BATCH + 30)
+    stored = clock.decision_at_stop
+    assert stored is not None and len(first) == LENGTH + 30 * BATCH
+    rest, resumed = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True)
+    assert first + rest == untuned
+    decision = resumed.guard.decision
+    assert decision.retunes > stored.retunes, (stored.table(), decision.table())
+    assert decision.num_workers > stored.num_workers, (stored.table(), decision.table())
+    assert decision.original.num_workers == 1  # the user's settings, for the next resume
 
 
 def test_a_watch_that_fails_stops_watching_says_so_once_and_training_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -548,6 +548,18 @@ def test_a_decision_saved_by_0_1_0_loads_and_saves_the_same() -> None:
     assert decision.to_dict() == _STATE_0_1_0["decision"]
 
 
+def test_a_0_1_0_checkpoint_loads_without_a_watch_and_a_watched_one_keeps_its_reference() -> None:
+    from lightning_loadguard.callback import LoadGuard
+
+    guard = LoadGuard(auto_tune=True)
+    guard.load_state_dict({"tuner": _STATE_0_1_0})
+    assert guard.state_dict()["tuner"] == _STATE_0_1_0  # nothing the checkpoint did not hold is made up
+    watched = {**_STATE_0_1_0, "watch": {"rate": 60.0, "error": 0.02, "winnable": 0.1, "window_steps": 12}}
+    again = LoadGuard(auto_tune=True)
+    again.load_state_dict({"tuner": watched})
+    assert again.state_dict()["tuner"] == watched
+
+
 @pytest.mark.parametrize(("max_epochs", "span"), [(None, 5), (4, 4), (1, 1), (200, 5)])
 def test_a_short_epoch_spans_the_fewest_epochs_that_hold_three_probes_or_the_most_allowed(
     max_epochs: int | None, span: int

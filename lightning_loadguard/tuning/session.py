@@ -333,6 +333,8 @@ class TuningSession:
         self._broken: tuple[str, BaseException] | None = None  # a step of this rank failed (see _together)
         # After a decision (TuneOptions.retune): the chosen setting's windows, read at the calls after it.
         self._decision_watch: DecisionWatch | None = None
+        self._reference: WatchReference | None = None  # the decision's own measurement, kept in checkpoints
+        self._watch_steps = 0  # steps of each window watched, as the decision's windows
         self._watch_mark: WindowMark | None = None
         self._watch_epoch = 0
         self._watch_from = 0  # the monitor's step count from which the running setting has settled
@@ -356,8 +358,9 @@ class TuningSession:
         """The loop built its train loaders and has not started their iterator yet."""
         self._port = port
         if self.decision is not None:
-            self._stop_watching()  # the loop built new loaders: the watched one is gone
+            self._stop_probing()  # the loop built new loaders: the watched one, and its recorded order, are gone
             self._apply_decision(loaders)
+            self._watch_again(port, loaders)
             return
         self._stop_probing()
         try:
@@ -505,13 +508,26 @@ class TuningSession:
         self._port = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "decision": self.decision.to_dict() if self.decision else None}
+        decision = self.decision.to_dict() if self.decision else None
+        state: dict[str, Any] = {"version": _STATE_VERSION, "decision": decision}
+        reference = self._reference
+        if self.decision is not None and reference is not None:
+            state["watch"] = {"rate": reference.rate, "error": reference.error, "winnable": reference.winnable,
+                              "window_steps": self._watch_steps}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != _STATE_VERSION or state.get("decision") is None:
             return
         self.decision = TuneDecision.from_dict(state["decision"])
         self._restored = True
+        watch = state.get("watch")  # absent from checkpoints of 0.1.0 and of decisions not watched
+        self._reference = None
+        if isinstance(watch, dict):
+            self._reference = WatchReference(
+                self.decision.setting, float(watch["rate"]), float(watch["error"]), float(watch["winnable"])
+            )
+            self._watch_steps = int(watch["window_steps"])
 
     # -- windows ---------------------------------------------------------------------------------------
 
@@ -889,14 +905,38 @@ class TuningSession:
         """Watch the chosen setting's windows where it was probed (``TuneOptions.retune``); the order tap stays
         so that a re-tune can restart the loader mid-epoch as the first probing did."""
         planner = self._planner
+        self._reference = None
         if not self.options.retune or decision.verdict not in _WATCHED or self._tap is None or planner is None:
             return
         arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), None)
         if arm is None or arm.rate <= 0:
             return
-        self._decision_watch = DecisionWatch(WatchReference.of(arm), self.options.min_gain)
+        self._reference, self._watch_steps = WatchReference.of(arm), planner.window_steps
+        self._watch_from_now()
+
+    def _watch_from_now(self) -> None:
+        assert self._reference is not None
+        self._decision_watch = DecisionWatch(self._reference, self.options.min_gain)
         self._watch_mark = None
         self._watch_from = self.monitor.total_steps + self.options.warmup_steps
+
+    def _watch_again(self, port: TrainerPort, loaders: list[Any]) -> None:
+        """New train loaders under a decision made earlier (a resumed fit, or loaders the loop rebuilt): watch the
+        decision against what it measured when it decided, where the loader runs it. A resume on a slower host,
+        or onto a heavier data phase, is then probed again as a change in the same fit would be."""
+        decision, reference = self.decision, self._reference
+        if not self.options.retune or decision is None or reference is None or decision.verdict not in _WATCHED:
+            return
+        if _loaders_declined(loaders) is not None or isinstance(loaders[0].dataset, IterableDataset):
+            return
+        loader = loaders[0]
+        if port.epoch_steps(loader) is None:
+            return
+        if not settings_of(loader).same_loader(decision.setting):
+            return  # the stored decision was not applied (the loader's own settings changed since)
+        self._loader, self._iterable, self._planner = loader, False, None
+        self._tap = OrderTap.install(loader)
+        self._watch_from_now()
 
     def _stop_watching(self) -> None:
         self._decision_watch = None
@@ -907,12 +947,12 @@ class TuningSession:
         """A logging step after the decision (every rank calls here on the same steps, while other calls depend on
         each rank's step times): cut the chosen setting's window where one is complete,
         and probe again where a change held (on every rank where one saw it)."""
-        watch, planner = self._decision_watch, self._planner
-        assert watch is not None and planner is not None
+        watch = self._decision_watch
+        assert watch is not None
         change: HostChange | None = None
         error: Exception | None = None
         try:
-            change = self._read_watch_window(port, watch, planner.window_steps)
+            change = self._read_watch_window(port, watch, self._watch_steps)
         except Exception as err:  # every rank still reaches the collectives below, then all stop watching
             error = err
         failed = error is not None
