@@ -33,11 +33,12 @@ class PhasedDataset(Dataset):
     """Samples that cost ``LIGHT_S`` until :attr:`heavy` is set, then ``HEAVY_S``; the flag lives in shared
     memory, so workers that exist when it is set see it too."""
 
-    def __init__(self) -> None:
+    def __init__(self, length: int = LENGTH) -> None:
         self.heavy = multiprocessing.get_context("fork").Value("b", 0)
+        self.length = length
 
     def __len__(self) -> int:
-        return LENGTH
+        return self.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         time.sleep(HEAVY_S if self.heavy.value else LIGHT_S)
@@ -64,6 +65,9 @@ class HeavyFrom(pl.Callback):
         if trainer.current_epoch == 0:
             self.first_decision = self.guard.decision
 
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.trainer_loader = trainer.train_dataloader
+
     def rate_of_last(self, steps: int) -> float:
         return steps / (self.ended[-1] - self.ended[-1 - steps])
 
@@ -76,15 +80,20 @@ def _fit(
     epochs: int = 3,
     max_steps: int = -1,
     logger: Any = False,
+    length: int = LENGTH,
+    reload: int = 0,
 ) -> tuple[list[int], LoadGuard, HeavyFrom]:
     pl.seed_everything(5, verbose=False)
-    dataset = PhasedDataset()
+    dataset = PhasedDataset(length)
     loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
     # The watch reads a window at each logging step: every 10 steps, so that three fit in an epoch of 120.
     guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
     clock = HeavyFrom(dataset, heavy_from, guard)
     module = TimedModule(step_s=step_s)
-    trainer = quiet_trainer(max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock], logger=logger)
+    trainer = quiet_trainer(
+        max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock], logger=logger,
+        reload_dataloaders_every_n_epochs=reload,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
@@ -251,3 +260,24 @@ def test_a_watch_that_fails_stops_watching_says_so_once_and_training_goes_on(mon
     assert sum("stops watching" in str(w.message) for w in said) == 1
     assert guard.decision is not None and guard.decision.retunes == 0
     assert len(seen) == LENGTH + 50 * BATCH
+
+
+def test_loaders_rebuilt_while_probing_spans_epochs_stop_it_and_give_back_the_users_settings() -> None:
+    # 40-step epochs and windows of 14 steps: probing spans epochs, and reload_dataloaders_every_n_epochs=1 builds
+    # the loaders again (here the same loader object, as when one is passed to fit) with a probe still running.
+    options = TuneOptions(warmup_steps=2, window_steps=12, probe_share=0.5, tune_persistent_workers=False)
+    untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0, length=160, reload=1)
+    with pytest.warns(LoadGuardWarning, match="the loop built new train loaders while it probed") as said:
+        seen, guard, clock = _fit(options, heavy_from=0, length=160, reload=1)
+    assert sum("auto-tuning" in str(w.message) for w in said) == 1, [str(w.message) for w in said]
+    assert seen == untuned
+    assert guard.decision is None
+    loader = clock.trainer_loader
+    assert (loader.num_workers, loader.prefetch_factor) == (1, 2)  # the user's, not the probe's
+
+
+def test_a_loader_rebuilt_each_epoch_is_watched_again_and_probed_again() -> None:
+    untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0, epochs=4, reload=1)
+    seen, guard, _ = _fit(OPTIONS, heavy_from=1, epochs=4, reload=1)
+    assert seen == untuned
+    assert guard.decision is not None and guard.decision.retunes >= 1, guard.decision

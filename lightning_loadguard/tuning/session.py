@@ -342,6 +342,7 @@ class TuningSession:
         self._previous: TuneDecision | None = None  # the decision a re-tune under way started from
         self._retune_reason = ""
         self._due_epoch = 0  # the epoch the change the session is about to probe was found in
+        self._rebuilt_midway = False  # this fit rebuilt its loaders while probing: no more probing in it
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
@@ -357,10 +358,17 @@ class TuningSession:
     def on_loaders_ready(self, port: TrainerPort, loaders: list[Any]) -> None:
         """The loop built its train loaders and has not started their iterator yet."""
         self._port = port
+        if self._active:
+            self._stop_for_new_loaders()
         if self.decision is not None:
+            due = self._retune_due, self._due_epoch, self._retune_reason
             self._stop_probing()  # the loop built new loaders: the watched one, and its recorded order, are gone
             self._apply_decision(loaders)
-            self._watch_again(port, loaders)
+            if not self._rebuilt_midway and self._watch_again(port, loaders):
+                # A change found late in an epoch is probed from the next epoch's start, rebuilt loaders or not.
+                self._retune_due, self._due_epoch, self._retune_reason = due
+            return
+        if self._rebuilt_midway:
             return
         self._stop_probing()
         try:
@@ -489,18 +497,9 @@ class TuningSession:
 
     def teardown(self) -> None:
         """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
-        if self._active and self._loader is not None and self._planner is not None:
-            # Fit ended while probing: the loader keeps the settings probing started from (the user's, or after a
-            # decision those it chose).
-            original = self._planner.original
-            apply_settings(
-                self._loader,
-                num_workers=original.num_workers,
-                prefetch_factor=original.prefetch_factor,
-                pin_memory=original.pin_memory,
-                persistent_workers=original.persistent_workers,
-            )
+        self._restore_start_settings()
         self._stop_probing()
+        self._rebuilt_midway = False
         while self._stand_ins:
             loader = self._stand_ins.pop()
             stop_seed_draws(loader)
@@ -892,6 +891,34 @@ class TuningSession:
             return decision
         return TuneDecision.from_dict(port.broadcast(decision.to_dict()))
 
+    def _restore_start_settings(self) -> None:
+        """Probing ends early: the loader gets back the settings probing started from (the user's, or on a re-tune
+        the decision's)."""
+        if self._active and self._loader is not None and self._planner is not None:
+            original = self._planner.original
+            apply_settings(
+                self._loader,
+                num_workers=original.num_workers,
+                prefetch_factor=original.prefetch_factor,
+                pin_memory=original.pin_memory,
+                persistent_workers=original.persistent_workers,
+            )
+
+    def _stop_for_new_loaders(self) -> None:
+        """The loop built new train loaders while probing spanned epochs (``reload_dataloaders_every_n_epochs``):
+        the probes were of a loader that is gone, so probing stops for the rest of the fit and the run goes on with
+        what it had before probing began. Every rank builds its loaders at the same epoch start."""
+        self._restore_start_settings()
+        self.decision, self._previous = self._previous, None
+        self._stop_probing()
+        self._rebuilt_midway = True
+        kept = "your settings are kept" if self.decision is None else f"{self.decision.setting.label} is kept"
+        self._declined = "the loop built new train loaders while it probed"
+        self._say(
+            "auto-tuning stopped: the loop built new train loaders while it probed over several epochs "
+            f"(reload_dataloaders_every_n_epochs); {kept} for the rest of this fit."
+        )
+
     def _stop_probing(self) -> None:
         self._active = False
         self._stop_watching()
@@ -920,23 +947,25 @@ class TuningSession:
         self._watch_mark = None
         self._watch_from = self.monitor.total_steps + self.options.warmup_steps
 
-    def _watch_again(self, port: TrainerPort, loaders: list[Any]) -> None:
+    def _watch_again(self, port: TrainerPort, loaders: list[Any]) -> bool:
         """New train loaders under a decision made earlier (a resumed fit, or loaders the loop rebuilt): watch the
         decision against what it measured when it decided, where the loader runs it. A resume on a slower host,
-        or onto a heavier data phase, is then probed again as a change in the same fit would be."""
+        or onto a heavier data phase, is then probed again as a change in the same fit would be. Whether it
+        watches."""
         decision, reference = self.decision, self._reference
         if not self.options.retune or decision is None or reference is None or decision.verdict not in _WATCHED:
-            return
+            return False
         if _loaders_declined(loaders) is not None or isinstance(loaders[0].dataset, IterableDataset):
-            return
+            return False
         loader = loaders[0]
         if port.epoch_steps(loader) is None:
-            return
+            return False
         if not settings_of(loader).same_loader(decision.setting):
-            return  # the stored decision was not applied (the loader's own settings changed since)
+            return False  # the stored decision was not applied (the loader's own settings changed since)
         self._loader, self._iterable, self._planner = loader, False, None
         self._tap = OrderTap.install(loader)
         self._watch_from_now()
+        return True
 
     def _stop_watching(self) -> None:
         self._decision_watch = None
