@@ -43,10 +43,8 @@ class TuneDecision:
     """What the auto-tuner chose for the train loader, and the evidence.
 
     Attributes:
-        num_workers: chosen ``num_workers``.
-        prefetch_factor: chosen ``prefetch_factor`` (``None`` without workers).
-        persistent_workers: chosen ``persistent_workers``.
-        pin_memory: chosen ``pin_memory``.
+        setting: the chosen settings; ``num_workers``, ``prefetch_factor`` (``None`` without workers),
+            ``persistent_workers`` and ``pin_memory`` read them directly.
         throughput_before: sustained steps/s measured with the user's settings.
         throughput_after: sustained steps/s measured with the chosen settings (``None`` if not measured).
         bounded_by: the budget that limited the choice: ``"cores"``, ``"max_workers"``, ``"host_memory"``,
@@ -68,16 +66,12 @@ class TuneDecision:
         retuned: why it probed again the latest time ("" for the first decision).
 
     Example:
-        >>> d = TuneDecision(num_workers=3, prefetch_factor=2, persistent_workers=False, pin_memory=False,
-        ...                  throughput_before=10.0, throughput_after=30.0, verdict="improved")
-        >>> d.speedup
-        3.0
+        >>> d = TuneDecision.of(LoaderSettings(3, 2), throughput_before=10.0, throughput_after=30.0, verdict="improved")
+        >>> d.num_workers, d.prefetch_factor, d.speedup
+        (3, 2, 3.0)
     """
 
-    num_workers: int
-    prefetch_factor: int | None
-    persistent_workers: bool
-    pin_memory: bool
+    setting: LoaderSettings
     throughput_before: float | None = None
     throughput_after: float | None = None
     bounded_by: str | None = None
@@ -94,16 +88,28 @@ class TuneDecision:
 
     @classmethod
     def of(cls, setting: LoaderSettings, **evidence: Any) -> TuneDecision:
-        """A decision for ``setting`` (its four fields spread out, as ``guard.decision.num_workers`` reads them)."""
-        return cls(**setting.fields(), **evidence)
+        """A decision for ``setting``'s four settings (its batch size, which no decision changes, left out)."""
+        return cls(LoaderSettings(**setting.fields()), **evidence)
 
     def with_setting(self, setting: LoaderSettings, **evidence: Any) -> TuneDecision:
         """This decision with ``setting`` (and ``evidence``) in place of its own."""
-        return replace(self, **setting.fields(), **evidence)
+        return replace(self, setting=LoaderSettings(**setting.fields()), **evidence)
 
     @property
-    def setting(self) -> LoaderSettings:
-        return LoaderSettings(**{name: getattr(self, name) for name in SWITCHABLE})
+    def num_workers(self) -> int:
+        return self.setting.num_workers
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.setting.prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self.setting.persistent_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.setting.pin_memory
 
     @property
     def speedup(self) -> float | None:
@@ -140,7 +146,8 @@ class TuneDecision:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a checkpoint (the form 0.1.0 wrote: settings as their four fields; a re-tuned decision adds
         ``retunes`` and ``retuned``)."""
-        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data = self.setting.fields() | {name: getattr(self, name) for name in self.__dataclass_fields__}
+        del data["setting"]
         if not self.retunes:  # a first decision keeps the form 0.1.0 reads
             del data["retunes"], data["retuned"]
         data["original"] = self.original.to_dict()
@@ -153,6 +160,7 @@ class TuneDecision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneDecision:
         data = dict(data)
+        data["setting"] = LoaderSettings(**{name: data.pop(name) for name in SWITCHABLE})
         data["original"] = LoaderSettings(**data.get("original", {}))
         data["candidates"] = tuple(
             CandidateResult(**{**c, "setting": LoaderSettings(**c["setting"])}) for c in data.get("candidates", ())

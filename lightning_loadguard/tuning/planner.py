@@ -579,9 +579,8 @@ def model_only_decision(
     wanted = min(advice.prefetch_factor, deepest)
     if wanted <= current:
         return kept
-    return replace(
-        kept,
-        prefetch_factor=wanted,
+    return kept.with_setting(
+        replace(original, prefetch_factor=wanted),
         throughput_after=None,
         bounded_by=budget.memory_bound if wanted < advice.prefetch_factor else None,
         reason=reason + f"; prefetch_factor {current} -> {wanted} (buffer replay), from the next epoch",
