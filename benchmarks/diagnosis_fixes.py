@@ -237,9 +237,7 @@ def step_rate(case: Case, settings: dict[str, Any], in_memory: bool = False) -> 
 def _describe(settings: dict[str, Any]) -> str:
     if not settings:
         return "nothing"
-    return ", ".join(
-        f"{k}={getattr(v, '__name__', v)}" for k, v in settings.items() if k not in ("worker_init_fn",)
-    )
+    return ", ".join(f"{k}={getattr(v, '__name__', v)}" for k, v in settings.items() if k not in ("worker_init_fn",))
 
 
 def _same(loader: dict[str, Any], applied: dict[str, Any]) -> bool:
@@ -297,8 +295,16 @@ def run(case: Case, rounds: int) -> tuple[list[str], bool]:
             ok = after / before <= FREE_LOADER_GAIN
             outcome = f"loader made free: x{after / before:.2f} (claim holds if <= {FREE_LOADER_GAIN})"
             return (
-                [case.name, d.verdict + ("" if verdict_ok else " (WRONG)"), "nothing", "yes",
-                 f"{before:.1f}", f"{after:.1f}", " ".join(f"{r:.2f}" for r in ratios), outcome],
+                [
+                    case.name,
+                    d.verdict + ("" if verdict_ok else " (WRONG)"),
+                    "nothing",
+                    "yes",
+                    f"{before:.1f}",
+                    f"{after:.1f}",
+                    " ".join(f"{r:.2f}" for r in ratios),
+                    outcome,
+                ],
                 ok and verdict_ok,
             )
         if not d.certain:
@@ -308,8 +314,16 @@ def run(case: Case, rounds: int) -> tuple[list[str], bool]:
                 anyway = f"; {_describe(recommended)} applied anyway: x{a / b:.2f}"
             applied, how = tuned_settings(case), "auto_tune=True decided"
         if _same(case.loader, applied):
-            row = [case.name, d.verdict + ("" if verdict_ok else " (WRONG)"), f"your settings kept ({how})",
-                   "yes" if d.certain else "no", "-", "-", "-", "ok: nothing changed" + anyway]
+            row = [
+                case.name,
+                d.verdict + ("" if verdict_ok else " (WRONG)"),
+                f"your settings kept ({how})",
+                "yes" if d.certain else "no",
+                "-",
+                "-",
+                "-",
+                "ok: nothing changed" + anyway,
+            ]
             return row, verdict_ok
         before, after, ratios = _measure(case, applied, rounds)
         ratio = after / before
@@ -352,10 +366,24 @@ def main() -> None:
             if not ok:
                 failures.append(case.name)
             print(f"{case.name}: done (load {loads[-1]})", flush=True)
-    headers = ("case", "verdict", "fix applied", "certain", "steps/s before", "after", "after/before per round",
-               "outcome")
-    print(render_table(f"Diagnosis fixes, median of {rounds} alternating round(s); load seen: {' | '.join(loads)}",
-                       rows, headers, wrap=True))
+    headers = (
+        "case",
+        "verdict",
+        "fix applied",
+        "certain",
+        "steps/s before",
+        "after",
+        "after/before per round",
+        "outcome",
+    )
+    print(
+        render_table(
+            f"Diagnosis fixes, median of {rounds} alternating round(s); load seen: {' | '.join(loads)}",
+            rows,
+            headers,
+            wrap=True,
+        )
+    )
     if failures:
         raise SystemExit(f"the stated fix lowered the step rate or the verdict was wrong for: {', '.join(failures)}")
 

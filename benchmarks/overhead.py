@@ -134,9 +134,7 @@ class _OwnTime:
             undo()
         self._undo.clear()
 
-    def time_calls(
-        self, owner: Any, name: str, label: str, cpu: bool = False, less: list[float] | None = None
-    ) -> None:
+    def time_calls(self, owner: Any, name: str, label: str, cpu: bool = False, less: list[float] | None = None) -> None:
         """Time every call of ``owner.name`` in the main process: the whole call, less the wall time ``less``
         gained meanwhile (a region timed on its own, called from this one)."""
         clock = time.thread_time if cpu else time.perf_counter

@@ -111,8 +111,9 @@ def main() -> None:
         for retune in (True, False):
             results[retune].append(run(retune, args))
     settled = slice(args.busy_from + 1, None)  # the busy epochs after the one the change started in
-    print(f"{'retune':<7} {'round':>5} {'epoch 0 decision':<24} {'final':<24} {'retunes':>7} "
-          f"{'busy steps/s':>12}  reason")
+    print(
+        f"{'retune':<7} {'round':>5} {'epoch 0 decision':<24} {'final':<24} {'retunes':>7} {'busy steps/s':>12}  reason"
+    )
     for retune, rows in results.items():
         for k, r in enumerate(rows):
             busy = statistics.fmean(r["rates"][settled]) if r["rates"][settled] else float("nan")
@@ -120,8 +121,10 @@ def main() -> None:
     on = [statistics.fmean(r["rates"][settled]) for r in results[True]]
     off = [statistics.fmean(r["rates"][settled]) for r in results[False]]
     ratios = [a / b for a, b in zip(on, off, strict=True)]
-    print(f"busy epochs, retune=True / retune=False by round: {', '.join(f'{x:.3f}' for x in ratios)}; "
-          f"median {statistics.median(ratios):.3f}")
+    print(
+        f"busy epochs, retune=True / retune=False by round: {', '.join(f'{x:.3f}' for x in ratios)}; "
+        f"median {statistics.median(ratios):.3f}"
+    )
 
 
 if __name__ == "__main__":

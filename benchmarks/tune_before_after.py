@@ -87,8 +87,10 @@ def main() -> None:
             print(f"{pipeline.name}: done (load {_load()})\n{rows[-1]}", flush=True)
             print(f"  before: {before['reason']}\n  after:  {after['reason']}", flush=True)
     print(f"\nsteps/s, median of {args.rounds} alternating rounds of {args.steps} steps; load average: {_load()}")
-    print("| pipeline | before: decision | before: steps/s | after: decision | after: steps/s | after / before "
-          "| grid w=0..4 (p=2) |")
+    print(
+        "| pipeline | before: decision | before: steps/s | after: decision | after: steps/s | after / before "
+        "| grid w=0..4 (p=2) |"
+    )
     print("|---" * 7 + "|")
     print("\n".join(rows))
 

@@ -159,8 +159,7 @@ class LoadGuard(_pl.Callback):
             not isinstance(log_every_n_steps, int) or isinstance(log_every_n_steps, bool) or log_every_n_steps < 1
         ):
             raise ValueError(
-                "`log_every_n_steps` must be None (follow the trainer) or an integer >= 1, "
-                f"got {log_every_n_steps!r}."
+                f"`log_every_n_steps` must be None (follow the trainer) or an integer >= 1, got {log_every_n_steps!r}."
             )
         if not isinstance(print_summary, bool):
             raise ValueError(f"`print_summary` must be True or False, got {print_summary!r}.")
@@ -668,8 +667,12 @@ class LoadGuard(_pl.Callback):
             options = self._tuner.options if self._tuner is not None else None
             max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
             found = tuner_reach(
-                loaders, self.snapshot, epoch_steps=steps_per_epoch, max_epochs=max_epochs,
-                devices_on_host=int(trainer.num_devices or 1), options=options,
+                loaders,
+                self.snapshot,
+                epoch_steps=steps_per_epoch,
+                max_epochs=max_epochs,
+                devices_on_host=int(trainer.num_devices or 1),
+                options=options,
             )
             self._reach = (key, found)
         return self._reach[1]
@@ -774,9 +777,16 @@ class LoadGuard(_pl.Callback):
         from lightning_loadguard.model.forecast import WhatIf, forecast
 
         what_if = WhatIf(
-            ranks_per_node=ranks_per_node, usable_cores=usable_cores, other_cores=other_cores,
-            available_ram_bytes=available_ram_bytes, shm_free_bytes=shm_free_bytes, step_speedup=step_speedup,
-            batch_scale=batch_scale, num_workers=num_workers, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+            ranks_per_node=ranks_per_node,
+            usable_cores=usable_cores,
+            other_cores=other_cores,
+            available_ram_bytes=available_ram_bytes,
+            shm_free_bytes=shm_free_bytes,
+            step_speedup=step_speedup,
+            batch_scale=batch_scale,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
         )
         return forecast(self.forecast_facts(), what_if)
 

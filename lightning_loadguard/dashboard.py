@@ -28,8 +28,7 @@ METRICS: dict[str, str] = {
     "loadguard/host_available_mb": "the host's available RAM (MB)",
     "loadguard/shm_free_mb": "free space on the host's /dev/shm (MB)",
     "loadguard/hosts": "hosts the ranks run on (runs on several hosts only)",
-    "loadguard/inflight_host_mb_max": "batch memory in flight on the busiest host (MB; runs on several hosts "
-    "only)",
+    "loadguard/inflight_host_mb_max": "batch memory in flight on the busiest host (MB; runs on several hosts only)",
     "loadguard/inflight_budget_fraction_max": "the highest inflight_budget_fraction of any host (0..1; runs on "
     "several hosts only)",
     "loadguard/transfer_ms": "mean time from a batch's arrival to the start of its step: input conversion and "

@@ -49,8 +49,9 @@ def render_table(
     table = Table(title=title, show_header=headers is not None, title_justify="left", show_lines=wrap)
     for i in range(columns):
         right = numbers and not wrap and i > 0
-        table.add_column(headers[i] if headers else "", style="bold" if i == 0 else None,
-                         justify="right" if right else "left")
+        table.add_column(
+            headers[i] if headers else "", style="bold" if i == 0 else None, justify="right" if right else "left"
+        )
     for row in rows:
         table.add_row(*row)
     return _rich_text(table)
@@ -214,16 +215,23 @@ def format_summary(
     wait = get("loadguard/wait_fraction")
     producer = get("loadguard/producer_rate")
     rows = [
-        ("loader", f"num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
-         f"persistent_workers={settings.persistent_workers}, pin_memory={settings.pin_memory}"),
+        (
+            "loader",
+            f"num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
+            f"persistent_workers={settings.persistent_workers}, pin_memory={settings.pin_memory}",
+        ),
         ("steps measured", str(total_steps)),
-        ("the loop waits for data (whole run)",
-         f"{total_wait_s / loop_s:.1%} of its time" if loop_s > 0 else "not measured"),
+        (
+            "the loop waits for data (whole run)",
+            f"{total_wait_s / loop_s:.1%} of its time" if loop_s > 0 else "not measured",
+        ),
         (f"the loop waits for data ({said})", f"{wait:.1%} of its time" if wait is not None else "not measured"),
         ("data wait per step", _fmt(get("loadguard/data_wait_ms"), " ms")),
         ("throughput", _fmt(get("loadguard/throughput"), " steps/s")),
-        (f"the step alone, never waiting ({said})",
-         f"{alone:.3g} steps/s ({1e3 / alone:.3g} ms a step)" if alone else "not measured"),
+        (
+            f"the step alone, never waiting ({said})",
+            f"{alone:.3g} steps/s ({1e3 / alone:.3g} ms a step)" if alone else "not measured",
+        ),
         (f"the loader can make ({said})", f"{producer:.3g} batches/s" if producer is not None else "not measured"),
         ("the loader can make (whole run)", _fmt(run_capacity, " batches/s")),
         ("batch ready at fetch", _fmt(get("loadguard/ready_fraction"), "", 2)),

@@ -209,8 +209,14 @@ def check(backend: Backend, steps: int) -> int:
             guard._device_events = backend.events
         clock = Clock()
         trainer = pl.Trainer(
-            accelerator=backend.accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-            enable_model_summary=False, enable_checkpointing=False, callbacks=[guard, *extra, clock],
+            accelerator=backend.accelerator,
+            devices=1,
+            max_epochs=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            callbacks=[guard, *extra, clock],
         )
         # Pinned batches: Lightning's non_blocking copy is then queued like a kernel and never holds the host.
         pin = backend.accelerator == "cuda"
@@ -265,11 +271,14 @@ def check(backend: Backend, steps: int) -> int:
     host_s = time.perf_counter() - began
     backend.sync()
     device_s = time.perf_counter() - began
-    fact("no sync", f"host {host_s * 1e3:.0f} ms < half the device's {device_s * 1e3:.0f} ms", None,
-         host_s < 0.5 * device_s)
+    fact(
+        "no sync",
+        f"host {host_s * 1e3:.0f} ms < half the device's {device_s * 1e3:.0f} ms",
+        None,
+        host_s < 0.5 * device_s,
+    )
     per_step = metering / 48
-    fact("no sync", f"meter's host time {per_step * 1e6:.0f} us/step < 1 % of the step", None,
-         per_step < 0.01 * step_s)
+    fact("no sync", f"meter's host time {per_step * 1e6:.0f} us/step < 1 % of the step", None, per_step < 0.01 * step_s)
 
     misses = 0
     print(f"\n{'pipeline':<18} {'figure':<52} {'host':>8} {'device':>8} {'truth':>8} {'tol':>6}  ok")

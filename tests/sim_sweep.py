@@ -179,7 +179,7 @@ def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
     counts = [w for w in ladder if w <= top]
     rated: dict[LoaderSettings, float] = {}
     for w in counts:
-        for depth in ((2, 1) if w else (None,)):
+        for depth in (2, 1) if w else (None,):
             s = LoaderSettings(w, depth)
             if _allowed(p, s):
                 rated[s] = truth(s)

@@ -57,6 +57,7 @@ def busy_host_spread(mean_s: float, steps: int, seed: int) -> list[float]:
     scale = mean_s * len(times[:steps]) / sum(times[:steps])
     return [t * scale for t in times[:steps]]
 
+
 # -- certain weighs the windows' noise ------------------------------------------------------------------------
 
 

@@ -66,9 +66,7 @@ def test_cgroup_v1_quota_and_period(tmp_path: Path) -> None:
 
 
 def test_cgroup_v1_no_quota_is_minus_one(tmp_path: Path) -> None:
-    root, proc = _cgroup(
-        tmp_path, "2:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    )
+    root, proc = _cgroup(tmp_path, "2:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
     assert cgroup_cpu_limit(root, proc) is None
 
 

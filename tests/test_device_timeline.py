@@ -197,7 +197,12 @@ def test_pageable_copy_blocks_the_host_but_the_device_sees_the_copy() -> None:
     for pinned in (False, True):
         device = SimDevice()
         run = run_loop(
-            device, 16, fetch_s=lambda n: 0.0, kernel_s=0.03, copy_s=0.01, pinned=pinned,
+            device,
+            16,
+            fetch_s=lambda n: 0.0,
+            kernel_s=0.03,
+            copy_s=0.01,
+            pinned=pinned,
             after_step=sync_every_4(device),
         )
         copy = median(run.device.device_copy_s)

@@ -118,9 +118,7 @@ def test_bursts_get_the_depth_the_replay_finds() -> None:
     depth = f.evidence["recommended_prefetch_factor"]
     assert isinstance(depth, int)
     waits = [
-        simulate_buffer(
-            prod, [0.1], num_workers=2, prefetch_factor=p, steps=600, record_levels=False
-        ).mean_wait_s
+        simulate_buffer(prod, [0.1], num_workers=2, prefetch_factor=p, steps=600, record_levels=False).mean_wait_s
         for p in range(1, 33)
     ]
     optimum = next(p for p, w in enumerate(waits, 1) if w <= waits[-1] + PREFETCH_TOLERANCE * 0.1)
@@ -214,9 +212,7 @@ def test_the_straggler_rank_is_named() -> None:
 
 
 def test_memory_risk_counts_the_host() -> None:
-    host = HostFacts(
-        cpu_count=32, processes_on_host=4, available_ram_bytes=8 * 2**30, shm_free_bytes=64 * 2**30
-    )
+    host = HostFacts(cpu_count=32, processes_on_host=4, available_ram_bytes=8 * 2**30, shm_free_bytes=64 * 2**30)
     snap = _simulated([0.1], 0.1, workers=4, prefetch=8, host=host, batch_bytes=2**27)
     d = diagnose(snap)  # 128 MiB x 32 in flight x 4 processes = 16 GiB against 8 GiB available
     assert d.verdict == "memory_risk"
@@ -261,9 +257,7 @@ def test_bad_arguments_raise() -> None:
     st.integers(1, 8),
     st.integers(5, 60),
 )
-def test_a_deficit_is_never_called_compute_bound(
-    per_batch: float, workers: int, prefetch: int, n: int
-) -> None:
+def test_a_deficit_is_never_called_compute_bound(per_batch: float, workers: int, prefetch: int, n: int) -> None:
     # Whatever the window saw (here: no wait at all, as while a full buffer drains), a producer slower
     # than the step is a deficit, and no depth is recommended for it.
     # All workers together make one batch per `per_batch` seconds, slower than the 0.1 s step.

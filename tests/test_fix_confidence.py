@@ -37,8 +37,9 @@ def _in_process(
 
 
 def _use(loop: float, workers: float = 0.0, busy: float | None = None, usable: float = 2.0) -> CpuUse:
-    return CpuUse(window_s=2.0, usable_cores=usable, host_cores=2, loop_cores=loop, worker_cores=workers,
-                  busy_cores=busy)
+    return CpuUse(
+        window_s=2.0, usable_cores=usable, host_cores=2, loop_cores=loop, worker_cores=workers, busy_cores=busy
+    )
 
 
 def test_a_step_computing_on_both_cores_makes_more_workers_a_hypothesis() -> None:

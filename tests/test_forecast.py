@@ -105,8 +105,7 @@ def test_ranks_that_want_more_cores_than_there_are_share_them() -> None:
 # time queued: the measured 32 ms batch), for a 20 ms step that waits on an accelerator; other work used 1.5 of
 # the 2 cores. The worker used 0.5 cores (31.25 batches/s x 16 ms): the host was full. A runnable thread got half
 # a core, so other work kept 1.5 x 2 = 3 threads runnable.
-BUSY = dict(production_s=(0.032,) * 64, production_queued_share=0.5, usable_cores=2.0, host_cores=2,
-            other_cores=1.5)
+BUSY = dict(production_s=(0.032,) * 64, production_queued_share=0.5, usable_cores=2.0, host_cores=2, other_cores=1.5)
 
 
 def test_on_a_busy_host_the_measured_run_is_forecast_as_measured() -> None:
@@ -155,8 +154,17 @@ def test_memory_is_every_ranks_full_queues_against_half_the_ram_and_most_of_the_
     pinned = forecast(facts, WhatIf(num_workers=4, prefetch_factor=3, pin_memory=True))
     assert pinned.inflight_bytes is not None and pinned.inflight_bytes.value == (4 * 3 + 1) * 3_000_000
     # What the user says the node has replaces what this host had.
-    roomy = forecast(facts, WhatIf(ranks_per_node=8, num_workers=4, prefetch_factor=3, shm_free_bytes=10**10,
-                                   available_ram_bytes=10**10, usable_cores=64.0))
+    roomy = forecast(
+        facts,
+        WhatIf(
+            ranks_per_node=8,
+            num_workers=4,
+            prefetch_factor=3,
+            shm_free_bytes=10**10,
+            available_ram_bytes=10**10,
+            usable_cores=64.0,
+        ),
+    )
     assert roomy.binds_first is None and roomy.holds
 
 
@@ -237,8 +245,14 @@ def test_the_command_line_form_parses_and_refuses_by_name() -> None:
 
 def test_the_table_names_every_figure_and_what_binds() -> None:
     text = str(forecast(_facts(batch_bytes=10**6, available_ram_bytes=10**9), WhatIf(step_speedup=2.0)))
-    for row in ("throughput per rank", "wait fraction", "workers needed per rank", "in-flight memory on node",
-                "binds first", "the workers' capacity"):
+    for row in (
+        "throughput per rank",
+        "wait fraction",
+        "workers needed per rank",
+        "in-flight memory on node",
+        "binds first",
+        "the workers' capacity",
+    ):
         assert row in text, row
 
 
@@ -255,8 +269,14 @@ def test_queued_memory_is_the_full_queues_when_the_step_paces_and_none_when_the_
 
 def test_the_hosts_own_sums_scale_with_the_ranks_where_the_settings_are_kept() -> None:
     # Measured on 2 ranks of one host: 2 workers x prefetch 3 and 1 x prefetch 2: 3 workers, 8 batches of 1 MB.
-    facts = _facts(ranks_per_node=2, num_workers=2, prefetch_factor=3, batch_bytes=10**6, workers_on_host=3,
-                   inflight_host_bytes=8 * 10**6)
+    facts = _facts(
+        ranks_per_node=2,
+        num_workers=2,
+        prefetch_factor=3,
+        batch_bytes=10**6,
+        workers_on_host=3,
+        inflight_host_bytes=8 * 10**6,
+    )
     doubled = forecast(facts, WhatIf(ranks_per_node=4))
     assert doubled.worker_processes == 6
     assert doubled.inflight_bytes is not None and doubled.inflight_bytes.value == 16 * 10**6
@@ -269,8 +289,16 @@ def test_the_hosts_own_sums_scale_with_the_ranks_where_the_settings_are_kept() -
 def test_more_processes_than_cores_mark_the_wait_a_lower_bound() -> None:
     from lightning_loadguard.model.forecast import ForecastFacts, WhatIf, forecast
 
-    facts = ForecastFacts(production_s=(0.016,) * 64, step_s=(0.020,) * 64, num_workers=2, cpu_share=1.0,
-                          batch_cpu_s=0.016, step_cpu_s=0.002, usable_cores=8.0, host_cores=8)
+    facts = ForecastFacts(
+        production_s=(0.016,) * 64,
+        step_s=(0.020,) * 64,
+        num_workers=2,
+        cpu_share=1.0,
+        batch_cpu_s=0.016,
+        step_cpu_s=0.002,
+        usable_cores=8.0,
+        host_cores=8,
+    )
     marked = "read the wait as a lower bound"
     assert not any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=2)).notes)  # 6 on 8 cores
     assert any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=3)).notes)  # 9 on 8 cores

@@ -89,6 +89,8 @@ def test_the_internals_read_exist_in_the_installed_lightning() -> None:
     assert hasattr(trainer._checkpoint_connector, "_loaded_checkpoint")
     source = inspect.getsource(type(fit_loop.epoch_loop))
     assert '].train_dataloader_next"' in source and type(fit_loop.epoch_loop).__name__ == "_TrainingEpochLoop"
+
+
 def test_lightning_internals_are_touched_only_in_the_compatibility_module() -> None:
     internals = _lightning_internals()
     outside = {}
@@ -100,8 +102,6 @@ def test_lightning_internals_are_touched_only_in_the_compatibility_module() -> N
         if hits:
             outside[relative] = hits
     assert not outside, f"Lightning internals outside _lightning: {outside}"
-
-
 
 
 def test_tensorboard_loggers_are_recognised_by_class_of_either_distribution(

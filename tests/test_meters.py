@@ -306,10 +306,19 @@ def test_each_rank_reports_its_own_host_and_the_busiest_apart() -> None:
     settings = [(1.0, 2, 3, 1e6, 4000.0, 16), (1.0, 1, 2, 1e6, 3000.0, 16), (2.0, 1, 2, 3e6, 100.0, 8)]
     rows = []
     for key, workers, prefetch, batch, available_mb, cores in settings:
-        rows.append({"host_key": key, "workers": float(workers), "prefetch_capacity": float(workers * prefetch),
-                     "prefetch_queued": 1.5, "inflight_bytes": batch * workers * prefetch,
-                     "queued_bytes": batch * 1.5, "host_cores": float(cores), "host_available_mb": available_mb,
-                     "shm_free_mb": 1e5})
+        rows.append(
+            {
+                "host_key": key,
+                "workers": float(workers),
+                "prefetch_capacity": float(workers * prefetch),
+                "prefetch_queued": 1.5,
+                "inflight_bytes": batch * workers * prefetch,
+                "queued_bytes": batch * 1.5,
+                "host_cores": float(cores),
+                "host_available_mb": available_mb,
+                "shm_free_mb": 1e5,
+            }
+        )
     ranks = _gathered(rows)
     first, second, third = (summarise(ranks, this_rank=rank) for rank in range(3))
     assert first.metrics == second.metrics  # the same host: the same figures
@@ -337,8 +346,10 @@ def test_each_rank_reports_its_own_host_and_the_busiest_apart() -> None:
 
 def test_a_host_sum_with_a_part_unmeasured_is_left_out() -> None:
     # Rank 1 has not sized a batch yet: half a sum would pass for the host's.
-    rows = [{"host_key": 5.0, "workers": 2.0, "prefetch_capacity": 4.0, "inflight_bytes": 4e6},
-            {"host_key": 5.0, "workers": 1.0, "prefetch_capacity": 2.0}]
+    rows = [
+        {"host_key": 5.0, "workers": 2.0, "prefetch_capacity": 4.0, "inflight_bytes": 4e6},
+        {"host_key": 5.0, "workers": 1.0, "prefetch_capacity": 2.0},
+    ]
     metrics = summarise(_gathered(rows), this_rank=1).metrics
     assert metrics["loadguard/host_workers"] == 3 and "loadguard/inflight_host_mb" not in metrics
     # A rank whose host is not known (its figures failed) speaks of no host.
@@ -347,8 +358,13 @@ def test_a_host_sum_with_a_part_unmeasured_is_left_out() -> None:
 
 
 def test_a_ranks_figures_count_its_loaders_as_they_run() -> None:
-    snap = WindowSnapshot(wait_s=(0.01,) * 4, step_s=(0.02,) * 4, batch_bytes=1000, buffer_level=(6, 5, 6, 7),
-                          settings=LoaderSettings(num_workers=2, prefetch_factor=3))
+    snap = WindowSnapshot(
+        wait_s=(0.01,) * 4,
+        step_s=(0.02,) * 4,
+        batch_bytes=1000,
+        buffer_level=(6, 5, 6, 7),
+        settings=LoaderSettings(num_workers=2, prefetch_factor=3),
+    )
     figures = rank_figures(snap, host_key=1.0)
     assert (figures["workers"], figures["prefetch_capacity"], figures["inflight_bytes"]) == (2, 6, 6000)
     assert (figures["prefetch_queued"], figures["queued_bytes"]) == (6.0, 6000.0)

@@ -120,9 +120,7 @@ def test_a_deeper_buffer_never_increases_the_total_wait(
 
 @settings(max_examples=80, deadline=None)
 @given(_times, _times, _workers, st.sampled_from([1, 2, 4, 16, 64]), st.integers(10, 200))
-def test_no_depth_hides_a_deficit(
-    prod: list[float], step: list[float], workers: int, prefetch: int, n: int
-) -> None:
+def test_no_depth_hides_a_deficit(prod: list[float], step: list[float], workers: int, prefetch: int, n: int) -> None:
     # The consumer cannot finish before the busiest worker has made its share of the n batches, so
     # elapsed >= sum(production) / W, and elapsed = sum(step) + total wait. Measured against the means
     # of the batches actually replayed the bound is exact: there is no transient to allow for beyond

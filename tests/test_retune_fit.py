@@ -91,7 +91,10 @@ def _fit(
     clock = HeavyFrom(dataset, heavy_from, guard)
     module = TimedModule(step_s=step_s)
     trainer = quiet_trainer(
-        max_epochs=epochs, max_steps=max_steps, callbacks=[guard, clock], logger=logger,
+        max_epochs=epochs,
+        max_steps=max_steps,
+        callbacks=[guard, clock],
+        logger=logger,
         reload_dataloaders_every_n_epochs=reload,
     )
     with warnings.catch_warnings():
@@ -183,8 +186,10 @@ class HeavyOnResume(HeavyFrom):
         super().on_train_batch_end(trainer, *args)
         decision = self.guard.decision
         retunes = decision.retunes if decision is not None else 0
-        if self.stop is not None and not trainer.should_stop and (
-            trainer.global_step == self.stop or (self.stop == 0 and retunes)
+        if (
+            self.stop is not None
+            and not trainer.should_stop
+            and (trainer.global_step == self.stop or (self.stop == 0 and retunes))
         ):
             self.decision_at_stop = decision
             trainer.save_checkpoint(self.ckpt)

@@ -10,8 +10,9 @@ from lightning_loadguard.meters.settings import LoaderSettings
 
 
 def _io(cores: int = 8, **kw: object) -> SimPipeline:
-    return SimPipeline("io", "io_bound", Host(cores=cores), io=Cost(0.02), step_cpu_s=0.0, device_s=0.005,
-                       handover_s=0.0, **kw)  # type: ignore[arg-type]
+    return SimPipeline(
+        "io", "io_bound", Host(cores=cores), io=Cost(0.02), step_cpu_s=0.0, device_s=0.005, handover_s=0.0, **kw
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("workers", "expected"), [(1, 50.0), (2, 100.0), (3, 150.0), (4, 200.0), (6, 200.0)])
@@ -25,8 +26,9 @@ def test_without_workers_the_loop_makes_each_batch_then_steps() -> None:
 
 def test_cpu_bound_workers_share_the_cores_with_the_loop() -> None:
     # 2 cores; a batch is 16 ms of CPU, a step 2 ms of CPU on 2 threads: 18 ms of CPU per step on 2 cores.
-    p = SimPipeline("cpu", "cpu_bound", Host(cores=2), cpu=Cost(0.016), step_cpu_s=0.002, step_threads=2,
-                    handover_s=0.0)
+    p = SimPipeline(
+        "cpu", "cpu_bound", Host(cores=2), cpu=Cost(0.016), step_cpu_s=0.002, step_threads=2, handover_s=0.0
+    )
     assert steady_rate(p, LoaderSettings(0)) == pytest.approx(1 / 0.017, rel=0.01)
     for workers in (2, 4, 8):
         assert steady_rate(p, LoaderSettings(workers, 2)) == pytest.approx(2 / 0.018, rel=0.02)
@@ -36,15 +38,17 @@ def test_cpu_bound_workers_share_the_cores_with_the_loop() -> None:
 
 
 def test_other_processes_take_their_share_of_the_cores() -> None:
-    p = SimPipeline("cpu", "contended", Host(cores=2, others=2.0), cpu=Cost(0.01), step_cpu_s=0.0,
-                    handover_s=0.0, device_s=0.001)
+    p = SimPipeline(
+        "cpu", "contended", Host(cores=2, others=2.0), cpu=Cost(0.01), step_cpu_s=0.0, handover_s=0.0, device_s=0.001
+    )
     # 4 workers and 2 busy threads on 2 cores: the workers get 2/3 of the cores, 133 batches/s.
     assert steady_rate(p, LoaderSettings(4, 2)) == pytest.approx(2 * 4 / 6 / 0.01, rel=0.02)
 
 
 def test_the_hand_over_bounds_the_loop_whatever_the_workers() -> None:
-    p = SimPipeline("handover", "handover_bound", Host(cores=16), io=Cost(0.001), step_cpu_s=0.0, device_s=0.002,
-                    handover_s=0.003)
+    p = SimPipeline(
+        "handover", "handover_bound", Host(cores=16), io=Cost(0.001), step_cpu_s=0.0, device_s=0.002, handover_s=0.003
+    )
     assert steady_rate(p, LoaderSettings(4, 2)) == pytest.approx(1 / 0.005, rel=0.01)
     assert steady_rate(p, LoaderSettings(12, 2)) == pytest.approx(1 / 0.005, rel=0.01)
 

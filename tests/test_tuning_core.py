@@ -362,9 +362,7 @@ def test_the_planner_and_the_model_replay_the_same_steps() -> None:
     production = (0.004,) * 30 + (0.09,) * 3
     advice = recommend_prefetch(production, (0.01,), num_workers=2, deep_prefetch=8)
     assert advice is not None
-    assert replayed_wait(production, (0.01,), 2, advice.prefetch_factor) == pytest.approx(
-        advice.expected_wait_fraction
-    )
+    assert replayed_wait(production, (0.01,), 2, advice.prefetch_factor) == pytest.approx(advice.expected_wait_fraction)
 
 
 def test_a_window_faster_beyond_the_noise_sets_aside_the_settling_ones_before_it() -> None:

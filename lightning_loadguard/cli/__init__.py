@@ -35,7 +35,10 @@ def _demo_command(args: argparse.Namespace) -> None:
     from lightning_loadguard.cli._demo import run_demo
 
     run_demo(
-        Path(args.logdir), auto_tune=args.auto_tune, epochs=args.epochs, batches=args.batches,
+        Path(args.logdir),
+        auto_tune=args.auto_tune,
+        epochs=args.epochs,
+        batches=args.batches,
         progress=not args.no_progress,
     )
 

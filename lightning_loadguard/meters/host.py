@@ -22,6 +22,7 @@ from lightning_loadguard.meters.window import HostFacts
 # must not see LoadGuard's reads advance it.
 _monotonic = time.monotonic
 
+
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
     """Free bytes of the shared-memory mount that worker processes hand batches through."""
     try:

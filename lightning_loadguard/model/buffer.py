@@ -166,9 +166,7 @@ def _checked_times(name: str, values: Sequence[float]) -> tuple[float, ...]:
     return times
 
 
-def _simulate_in_process(
-    prod: tuple[float, ...], step: tuple[float, ...], n: int, record_levels: bool
-) -> BufferRun:
+def _simulate_in_process(prod: tuple[float, ...], step: tuple[float, ...], n: int, record_levels: bool) -> BufferRun:
     waits = tuple(prod[k % len(prod)] for k in range(n))
     elapsed = math.fsum(waits) + math.fsum(step[k % len(step)] for k in range(n))
     levels = (0,) * n if record_levels else ()

@@ -89,9 +89,7 @@ def has_deficit(production_s: Sequence[float], step_s: Sequence[float], num_work
     return capacity * _mean_time("step_s", step_s) < 1.0
 
 
-def workers_needed(
-    mean_production_s: float, consumer_rate: float, *, burst_margin: float = BURST_MARGIN
-) -> int:
+def workers_needed(mean_production_s: float, consumer_rate: float, *, burst_margin: float = BURST_MARGIN) -> int:
     """Workers that keep up with a consumer: Little's law plus a burst margin.
 
     Batches in flight = rate x time each spends being made, so hiding a production time ``P`` at a

@@ -348,9 +348,7 @@ def _deficit(facts: _Facts) -> Finding | None:
         why = "batches are made in the training process, so each step also waits for its batch"
     elif facts.capacity is not None and facts.capacity < facts.consumer_rate:
         severity = 1.0 - facts.capacity / facts.consumer_rate
-        why = (
-            f"the loader makes {facts.capacity:.3g} batches/s but the step takes {facts.consumer_rate:.3g}/s"
-        )
+        why = f"the loader makes {facts.capacity:.3g} batches/s but the step takes {facts.consumer_rate:.3g}/s"
     else:
         return None
     per_batch = _worker_time(facts)
@@ -619,10 +617,7 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         "worker_busy_share": busy,
         "worker_cpu_share": cpu_share,
     }
-    fix = (
-        f"num_workers={max(1, budget)} (now {facts.workers}): more workers than cores slow the step "
-        "they feed."
-    )
+    fix = f"num_workers={max(1, budget)} (now {facts.workers}): more workers than cores slow the step they feed."
     summary = (
         f"Host oversubscribed: {_plural(total, 'worker process')} of {_plural(procs, 'training process')} "
         f"on {host.cpu_count} cores."

@@ -89,8 +89,11 @@ def evidence_sentence(evidence: Evidence) -> str:
         >>> evidence_sentence({"consumer_rate": 25.0, "worker_time_s": 0.034, "workers_needed": 2})
         'The step alone runs at 25 steps/s; one batch takes a worker 34 ms.'
     """
-    parts = [f"{_EVIDENCE_WORDS[k][0]} {_EVIDENCE_WORDS[k][1](float(v))}" for k, v in evidence.items()
-             if k in _EVIDENCE_WORDS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    parts = [
+        f"{_EVIDENCE_WORDS[k][0]} {_EVIDENCE_WORDS[k][1](float(v))}"
+        for k, v in evidence.items()
+        if k in _EVIDENCE_WORDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     if not parts:
         return ""
     text = "; ".join(parts) + "."

@@ -278,8 +278,13 @@ class WhatIf:
         def number(value: Any) -> bool:
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-        for name, least in (("ranks_per_node", 1), ("num_workers", 0), ("prefetch_factor", 1),
-                            ("available_ram_bytes", 0), ("shm_free_bytes", 0)):
+        for name, least in (
+            ("ranks_per_node", 1),
+            ("num_workers", 0),
+            ("prefetch_factor", 1),
+            ("available_ram_bytes", 0),
+            ("shm_free_bytes", 0),
+        ):
             value = getattr(self, name)
             if value is not None and not (integer(value) and value >= least):
                 raise bad(name)
@@ -400,8 +405,7 @@ class Forecast:
     def sentence(self) -> str:
         """One line: whether the settings hold, and if not, what binds."""
         head = (
-            f"{self.what_if.label}: {self.throughput.value:.3g} steps/s per rank, "
-            f"wait {self.wait_fraction.value:.2f}"
+            f"{self.what_if.label}: {self.throughput.value:.3g} steps/s per rank, wait {self.wait_fraction.value:.2f}"
         )
         if self.holds:
             return f"{head}; the settings hold."
@@ -427,13 +431,27 @@ class Forecast:
             ("workers needed per rank", "", f"{self.workers_needed}"),
             ("prefetch needed", "", "-" if self.prefetch_needed is None else f"{self.prefetch_needed}"),
             ("worker processes on node", "", f"{self.worker_processes} on {self.usable_cores:g} cores"),
-            ("cores used: loops + workers", "", f"{self.loop_cores:.2f} + {self.worker_cores:.2f} of "
-             f"{self.available_cores:.2f} left by other work"),
-            ("in-flight memory on node (MB)", "", "-" if self.inflight_bytes is None else
-             f"{self.inflight_bytes.value / 1e6:.3g} at full queues"),
-            ("  of it queued on average (MB)", "", "-" if self.queued_bytes is None else
-             _est(Estimate(*(v / 1e6 for v in (self.queued_bytes.value, self.queued_bytes.low,
-                                               self.queued_bytes.high))))),
+            (
+                "cores used: loops + workers",
+                "",
+                f"{self.loop_cores:.2f} + {self.worker_cores:.2f} of {self.available_cores:.2f} left by other work",
+            ),
+            (
+                "in-flight memory on node (MB)",
+                "",
+                "-" if self.inflight_bytes is None else f"{self.inflight_bytes.value / 1e6:.3g} at full queues",
+            ),
+            (
+                "  of it queued on average (MB)",
+                "",
+                "-"
+                if self.queued_bytes is None
+                else _est(
+                    Estimate(
+                        *(v / 1e6 for v in (self.queued_bytes.value, self.queued_bytes.low, self.queued_bytes.high))
+                    )
+                ),
+            ),
             ("RAM / shm budget (MB)", "", f"{_mb(self.ram_budget_bytes)} / {_mb(self.shm_budget_bytes)}"),
         ]
         rows += [(f"load: {_LIMIT_NAMES[name]}", "", f"{load:.2f}") for name, load in self.loads.items()]
@@ -516,8 +534,11 @@ def facts_from_window(
     others = [value for w in (*earlier, snapshot) if (value := hb.other_cores(w)) is not None]
     spread = pstdev(others) if len(others) > 1 else 0.0
     host = snapshot.host
-    sampled = [(busy, queued) for busy, queued in zip(production, snapshot.production_queued_s, strict=False)
-               if queued == queued]  # NaN: not sampled
+    sampled = [
+        (busy, queued)
+        for busy, queued in zip(production, snapshot.production_queued_s, strict=False)
+        if queued == queued
+    ]  # NaN: not sampled
     busy = math.fsum(b for b, _ in sampled)
     queued_share = min(1.0, math.fsum(q for _, q in sampled) / busy) if busy > 0 else 0.0
     return ForecastFacts(
@@ -724,7 +745,9 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     p, s = MARGIN_SIGMAS * facts.production_spread, MARGIN_SIGMAS * facts.step_spread
     corners = [main] + [
         _outcome(case(1.0 + dp, 1.0 + ds, do))
-        for dp in (-p, p) for ds in (-s, s) for do in (-other_spread, other_spread)
+        for dp in (-p, p)
+        for ds in (-s, s)
+        for do in (-other_spread, other_spread)
         if (dp, ds, do) != (0.0, 0.0, 0.0)
     ]
     rates = [c.throughput for c in corners]
@@ -872,4 +895,3 @@ def _parse_value(name: str, raw: str) -> Any:
         return float(raw)
     except ValueError:
         raise bad from None
-

@@ -25,11 +25,7 @@ def block_rates(loop_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float
         >>> block_rates([0.1] * 8 + [0.2] * 3)
         [10.0, 10.0]
     """
-    return [
-        block / t
-        for b in range(len(loop_s) // block)
-        if (t := math.fsum(loop_s[b * block : (b + 1) * block])) > 0
-    ]
+    return [block / t for b in range(len(loop_s) // block) if (t := math.fsum(loop_s[b * block : (b + 1) * block])) > 0]
 
 
 def block_shares(wait_s: Sequence[float], step_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float]:

@@ -66,8 +66,13 @@ __all__ = [
     "restart_iterator",
 ]
 
+
 def _resume_iterator(
-    loader: Any, batches_consumed: int, *, epoch: int | None = None, old_iterator: Iterator[Any] | None = None,
+    loader: Any,
+    batches_consumed: int,
+    *,
+    epoch: int | None = None,
+    old_iterator: Iterator[Any] | None = None,
     **settings: Any,
 ) -> Iterator[Any]:
     order = planned_sampler(loader)

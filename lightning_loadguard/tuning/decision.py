@@ -166,5 +166,3 @@ class TuneDecision:
             CandidateResult(**{**c, "setting": LoaderSettings(**c["setting"])}) for c in data.get("candidates", ())
         )
         return cls(**data)
-
-

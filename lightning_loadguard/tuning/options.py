@@ -152,9 +152,7 @@ def options_to_start(options: TuneOptions, epoch_steps: int) -> tuple[str, int] 
         >>> options_to_start(TuneOptions(), 8) is None
         True
     """
-    candidates = [
-        {"warmup_steps": w, "window_steps": n} for w in (options.warmup_steps, 2, 1) for n in (8, 6, 4)
-    ]
+    candidates = [{"warmup_steps": w, "window_steps": n} for w in (options.warmup_steps, 2, 1) for n in (8, 6, 4)]
     for extra in candidates:
         trial = replace(options, **extra)
         if _fits(trial, epoch_steps):

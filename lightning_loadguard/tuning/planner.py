@@ -263,8 +263,9 @@ class Planner:
                 run = Arm(setting, run.window.joined(window), run.windows + 1)
         self._since_restart = run
         before = self._before_restart.get(setting)
-        self.arms[setting] = run if before is None else Arm(setting, before.window.joined(run.window),
-                                                              before.windows + run.windows)
+        self.arms[setting] = (
+            run if before is None else Arm(setting, before.window.joined(run.window), before.windows + run.windows)
+        )
         return note
 
     # -- what next -------------------------------------------------------------------------------------
@@ -393,13 +394,16 @@ class Planner:
         if setting.num_workers < 1 or _winnable(best) < WAIT_OK or not w.production_s or not w.step_s:
             return None
         advice = recommend_prefetch(
-            _profile(w.production_s), _profile(w.step_s), num_workers=setting.num_workers,
+            _profile(w.production_s),
+            _profile(w.step_s),
+            num_workers=setting.num_workers,
             deep_prefetch=self.options.max_prefetch,
         )
         if advice is None or advice.prefetch_factor <= setting.prefetch:
             return None
-        deepest = self.budget.deepest_prefetch(setting.num_workers, self.options.max_prefetch,
-                                               pin_memory=setting.pin_memory)
+        deepest = self.budget.deepest_prefetch(
+            setting.num_workers, self.options.max_prefetch, pin_memory=setting.pin_memory
+        )
         depth = min(advice.prefetch_factor, deepest)
         if depth < advice.prefetch_factor:
             self._clamped = self.budget.memory_bound
@@ -449,8 +453,12 @@ class Planner:
         user = self.arms.get(self.original)
         if user is None:
             return TuneDecision.of(
-                self.original, verdict="not_tuned", reason="the user's setting could not be measured",
-                original=self.original, candidates=tuple(self.results), probe_steps=self.probe_steps,
+                self.original,
+                verdict="not_tuned",
+                reason="the user's setting could not be measured",
+                original=self.original,
+                candidates=tuple(self.results),
+                probe_steps=self.probe_steps,
                 probe_budget_steps=self.budget_steps,
             )
         others = [a for a in self.arms.values() if a.setting != self.original]

@@ -252,8 +252,9 @@ def tuner_reach(
 
     if not _spanning_planner(planner, _span_choices(max_epochs)).can_start():
         cap = f" (max_epochs={max_epochs})" if max_epochs is not None else ""
-        return TunerReach(False, f"epochs of {epoch_steps} steps leave no room to measure your settings and one "
-                                 f"candidate{cap}")
+        return TunerReach(
+            False, f"epochs of {epoch_steps} steps leave no room to measure your settings and one candidate{cap}"
+        )
     return TunerReach(True)
 
 
@@ -348,8 +349,18 @@ class TuningSession:
         # A copy is detached from the fit: no loader, no recorded order, no probing in progress.
         state = dict(self.__dict__)
         state.update(
-            _loader=None, _tap=None, _active=False, _stand_ins=[], _draws=None, _port=None, _broken=None,
-            _order_note=None, _decision_watch=None, _watch_mark=None, _retune_due=False, _previous=None,
+            _loader=None,
+            _tap=None,
+            _active=False,
+            _stand_ins=[],
+            _draws=None,
+            _port=None,
+            _broken=None,
+            _order_note=None,
+            _decision_watch=None,
+            _watch_mark=None,
+            _retune_due=False,
+            _previous=None,
         )
         return state
 
@@ -400,8 +411,9 @@ class TuningSession:
         def planner(span: int) -> Planner:
             assert self._budget is not None
             steps_left = max(0, planner_steps - consumed)
-            return Planner(original, self._budget, self.options, steps_left, pinning_helps=port.pinning_helps,
-                           span_epochs=span)
+            return Planner(
+                original, self._budget, self.options, steps_left, pinning_helps=port.pinning_helps, span_epochs=span
+            )
 
         self._planner = _spanning_planner(planner, epochs)
         if not self._iterable and not self._planner.can_start():
@@ -413,8 +425,11 @@ class TuningSession:
                 f"auto-tuning is off: epochs have {planner_steps} steps; measuring your settings and one candidate "
                 f"takes 2 x {window} steps, with at most {self._planner.budget_steps} steps of probing "
                 f"(probe_share={self.options.probe_share}) over the first {_epochs(span)} it may span"
-                + (f" (max_epochs={port.max_epochs}; more epochs would let it span up to {MAX_SPAN_EPOCHS})"
-                   if capped else "")
+                + (
+                    f" (max_epochs={port.max_epochs}; more epochs would let it span up to {MAX_SPAN_EPOCHS})"
+                    if capped
+                    else ""
+                )
                 + ". "
                 + _what_starts(self.options, planner_steps)
             )
@@ -511,8 +526,12 @@ class TuningSession:
         state: dict[str, Any] = {"version": _STATE_VERSION, "decision": decision}
         reference = self._reference
         if self.decision is not None and reference is not None:
-            state["watch"] = {"rate": reference.rate, "error": reference.error, "winnable": reference.winnable,
-                              "window_steps": self._watch_steps}
+            state["watch"] = {
+                "rate": reference.rate,
+                "error": reference.error,
+                "winnable": reference.winnable,
+                "window_steps": self._watch_steps,
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -992,8 +1011,10 @@ class TuningSession:
         if failed:
             self._stop_watching()
             where = f"{type(error).__name__}: {error}" if error is not None else "on another rank"
-            self._say(f"auto-tuning stops watching its decision: reading a window failed ({where}); "
-                      f"{settings_of(self._loader).label if self._loader is not None else 'the loader'} runs on.")
+            self._say(
+                f"auto-tuning stops watching its decision: reading a window failed ({where}); "
+                f"{settings_of(self._loader).label if self._loader is not None else 'the loader'} runs on."
+            )
             return
         if due and not self._retune_due:
             self._retune_due, self._due_epoch = True, port.current_epoch
