@@ -1056,7 +1056,10 @@ class TuningSession:
         self._go_on(port, *self._together(port, "planning the next probe", plan))
 
     def _at_epoch_end(self, port: TrainerPort) -> bool:
-        # The epoch's last step also waits on what ends the epoch: its window is left for the next epoch's.
+        # The epoch's last fetch also ends the iterator: Lightning fetches one batch ahead, so the last step's wait
+        # holds the exhausting next(), in which torch joins each worker of a non-persistent iterator (7.5 ms for 1
+        # worker, 41 ms for 8 idle ones on a 2-core host; more where they are busy). A once-an-epoch cost, not a
+        # change: that window is left for the next epoch's.
         steps = port.epoch_steps(self._loader)
         return steps is not None and port.consumed_in_epoch() >= steps
 
