@@ -257,6 +257,24 @@ def test_a_slower_candidate_never_replaces_the_original() -> None:
     assert decision.remaining_deficit == pytest.approx(0.7)
 
 
+@pytest.mark.parametrize(
+    ("user", "said"),
+    [
+        (LoaderSettings(0), "loading in the main process still takes 50% of the loop's time"),
+        (LoaderSettings(1, 2), "50% of the step rate is still lost to data wait"),
+    ],
+)
+def test_what_a_kept_setting_still_loses_is_named_for_where_loading_runs(user: LoaderSettings, said: str) -> None:
+    # Every count measured no faster: without workers the loss is the main process's own loading, not a wait.
+    planner = Planner(user, HostBudget(7, "cores"), FAST, epoch_steps=400)
+    proposal = planner.record(window(50.0, 0.010, 0.010))
+    while proposal is not None:
+        proposal = planner.record(window(49.0, 0.010, 0.2))
+    decision = planner.decide()
+    assert decision.setting == user and decision.verdict == "no_gain"
+    assert said in decision.reason, decision.reason
+
+
 def test_within_noise_is_not_an_improvement() -> None:
     planner = Planner(LoaderSettings(1, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
     planner.record(window(30.0, 0.010, 0.033))

@@ -468,6 +468,12 @@ class Planner:
         deficit = _winnable(chosen)
         deficit = 0.0 if deficit < WAIT_OK else deficit
         bounded_by = self._bounded_by(chosen.setting) if deficit > 0 else None
+        # Without workers the loss is the main process's own loading, which the counts measured did not win back.
+        lost = (
+            f"loading in the main process still takes {deficit:.0%} of the loop's time"
+            if chosen.setting.num_workers == 0
+            else f"{deficit:.0%} of the step rate is still lost to data wait"
+        )
         if chosen is user:
             if _winnable(user) < WAIT_OK:
                 verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
@@ -475,13 +481,13 @@ class Planner:
                 verdict = "no_gain"
                 reason = (
                     f"no candidate measured at least {self.options.min_gain:.0%} faster, and by more than the "
-                    f"noise; your settings are kept, and {deficit:.0%} of the step rate is still lost to data wait"
+                    f"noise; your settings are kept, and {lost}"
                 )
         else:
             verdict = "improved"
             reason = f"{after / before:.2f}x the steps/s of your settings" if before > 0 else "faster than yours"
             if deficit > 0:
-                reason += f"; {deficit:.0%} of the step rate is still lost to data wait"
+                reason += f"; {lost}"
         if bounded_by:
             reason += f" (bounded by {bounded_by})"
         persistent = chosen.setting.persistent_workers or self._persistent(chosen.setting, after, startup_s, map_style)
