@@ -267,6 +267,7 @@ def test_a_watch_that_fails_stops_watching_says_so_once_and_training_goes_on(mon
     assert len(seen) == LENGTH + 50 * BATCH
 
 
+@pytest.mark.slow
 def test_loaders_rebuilt_while_probing_spans_epochs_stop_it_and_give_back_the_users_settings() -> None:
     # 40-step epochs and windows of 14 steps: probing spans epochs, and reload_dataloaders_every_n_epochs=1 builds
     # the loaders again (here the same loader object, as when one is passed to fit) with a probe still running.
@@ -281,6 +282,7 @@ def test_loaders_rebuilt_while_probing_spans_epochs_stop_it_and_give_back_the_us
     assert (loader.num_workers, loader.prefetch_factor) == (1, 2)  # the user's, not the probe's
 
 
+@pytest.mark.slow
 def test_a_loader_rebuilt_each_epoch_is_watched_again_and_probed_again() -> None:
     untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0, epochs=4, reload=1)
     seen, guard, _ = _fit(OPTIONS, heavy_from=1, epochs=4, reload=1)

@@ -48,7 +48,13 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
         assert calls["windows"] >= 2 and calls["all_gather"] == calls["logging_steps"] + calls["windows"], calls
 
 
-@pytest.mark.parametrize(("fault", "step"), [("window", "measuring the window"), ("record", "planning the next probe")])
+@pytest.mark.parametrize(
+    ("fault", "step"),
+    [
+        ("window", "measuring the window"),
+        pytest.param("record", "planning the next probe", marks=pytest.mark.slow),  # the same pairing, later
+    ],
+)
 def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path: Path, fault: str, step: str) -> None:
     # Rank 1's tuner fails at its second window. Had it stopped alone, rank 0 would wait for it in the tuner's
     # next collective for good: every rank stops at the same point, back on the user's settings, in order.
@@ -60,6 +66,7 @@ def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path
     assert f"auto-tuning stopped: {step} failed (on another rank)" in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_a_reduction_of_the_ranks_figures_that_fails_on_one_rank_leaves_the_collectives_paired(tmp_path: Path) -> None:
     # Rank 1 cannot reduce the gathered figures at its second logging step. Were the gather switched off with
     # it, rank 1 would skip it from then on and rank 0 would wait in it for good (or meet the tuner's
