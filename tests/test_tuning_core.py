@@ -574,6 +574,9 @@ def test_a_0_1_0_checkpoint_loads_without_a_watch_and_a_watched_one_keeps_its_re
     again = LoadGuard(auto_tune=True)
     again.load_state_dict({"tuner": watched})
     assert again.state_dict()["tuner"] == watched
+    torn = LoadGuard(auto_tune=True)  # a measurement cut short loads as none: the decision applies, unwatched
+    torn.load_state_dict({"tuner": {**_STATE_0_1_0, "watch": {"rate": 60.0}}})
+    assert torn.state_dict()["tuner"] == _STATE_0_1_0
 
 
 @pytest.mark.parametrize(("max_epochs", "span"), [(None, 5), (4, 4), (1, 1), (200, 5)])

@@ -541,11 +541,13 @@ class TuningSession:
         self._restored = True
         watch = state.get("watch")  # absent from checkpoints of 0.1.0 and of decisions not watched
         self._reference = None
-        if isinstance(watch, dict):
+        try:
             self._reference = WatchReference(
                 self.decision.setting, float(watch["rate"]), float(watch["error"]), float(watch["winnable"])
             )
             self._watch_steps = int(watch["window_steps"])
+        except (KeyError, TypeError, ValueError):
+            self._reference = None  # no measurement to watch against: the decision is applied, not watched
 
     # -- windows ---------------------------------------------------------------------------------------
 
