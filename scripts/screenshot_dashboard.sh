@@ -5,17 +5,19 @@
 #   LOGDIR   TensorBoard logs with loadguard/* metrics; default: a fresh `loadguard demo --auto-tune` run.
 #   OUT.png  where to save the picture; default: docs/dashboard.png.
 #
-# Needs: the `loadguard` and `tensorboard` programs (pip install -e .) and headless Chromium
-# (Debian/Ubuntu: apt-get install -y chromium). TensorBoard listens on 127.0.0.1 only and is stopped on exit.
-# Environment: PORT (default: a free port), WINDOW (default 1300,760), RENDER_MS (default 15000: the virtual
-# time Chromium gives the page to load its data and draw the charts before the picture is taken). The page
-# opens without smoothing and without ignoring outliers, so a jump (the tuner's switch) shows at full height.
+# Needs: the `loadguard` and `tensorboard` programs (pip install -e .), headless Chromium and its driver
+# (Debian/Ubuntu: apt-get install -y chromium chromium-driver) and selenium (pip install selenium). TensorBoard
+# listens on 127.0.0.1 only and is stopped on exit.
+# Environment: PORT (default: a free port), WINDOW (default 1300,900), RENDER_S (default 15: the time the page gets
+# to load its data and draw the charts before the picture is taken). The page opens without smoothing and without
+# ignoring outliers (TensorBoard keeps that choice in the browser's local storage, so the script sets it there and
+# reloads), so a jump (the tuner's switch) shows at full height.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out="${2:-docs/dashboard.png}"
-window="${WINDOW:-1300,760}"
-render_ms="${RENDER_MS:-15000}"
+window="${WINDOW:-1300,900}"
+render_s="${RENDER_S:-15}"
 work="$(mktemp -d)"
 tb_pid=""
 cleanup() {
@@ -25,8 +27,10 @@ cleanup() {
 trap cleanup EXIT
 
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
-if [[ -z "$browser" ]]; then
-  echo "error: no headless Chromium found; install it (Debian/Ubuntu: apt-get install -y chromium)" >&2
+driver="$(command -v chromedriver || true)"
+if [[ -z "$browser" || -z "$driver" ]] || ! python3 -c "import selenium" 2>/dev/null; then
+  echo "error: needs headless Chromium, chromedriver and selenium" \
+    "(Debian/Ubuntu: apt-get install -y chromium chromium-driver; pip install selenium)" >&2
   exit 1
 fi
 
@@ -54,9 +58,27 @@ PY
 done
 
 mkdir -p "$(dirname "$out")"
-"$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
-  --disable-background-networking --disable-component-update --disable-sync --hide-scrollbars \
-  --user-data-dir="$work/chromium" --window-size="$window" --virtual-time-budget="$render_ms" \
-  --screenshot="$(realpath -m "$out")" "http://127.0.0.1:$port/#custom_scalars&_smoothingWeight=0&_ignoreYOutliers=false" >"$work/chromium.log" 2>&1 \
-  || { cat "$work/chromium.log" >&2; exit 1; }
+python3 - "$browser" "$driver" "$port" "$window" "$render_s" "$(realpath -m "$out")" <<'PY'
+import sys, time
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+browser, driver_path, port, window, render_s, out = sys.argv[1:]
+options = webdriver.ChromeOptions()
+options.binary_location = browser
+for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={window}"):
+    options.add_argument(flag)
+driver = webdriver.Chrome(service=Service(driver_path), options=options)
+try:
+    driver.set_window_size(*(int(v) for v in window.split(",")))
+    url = f"http://127.0.0.1:{port}/#custom_scalars&_smoothingWeight=0"
+    driver.get(url)
+    driver.execute_script("window.localStorage.setItem('_ignoreYOutliers', 'false')")
+    driver.get(url)
+    driver.refresh()
+    time.sleep(float(render_s))
+    driver.save_screenshot(out)
+finally:
+    driver.quit()
+PY
 echo "saved $out"
