@@ -185,3 +185,41 @@ def test_the_loaders_table_names_tests_that_exist() -> None:
     words = {"with_format", "split_by_worker", "state_dict", "num_workers"}
     unknown = {n for n in names - named if "_" in n and n not in words}
     assert not unknown, f"docs/loaders.md names tests that do not exist: {sorted(unknown)}"
+
+
+# Test files of Lightning's own suite, named where docs/index.md reports running it with LoadGuard injected.
+_LIGHTNING_TEST_FILES = {"test_dataloaders.py", "test_hooks.py", "test_restore.py"}
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """README and every page name the tests behind their claims (`tests/test_x.py::test_name`, or `::test_name` after
+    a file in the same line): each such file is in tests/ and defines each such test, so a renamed or removed test
+    fails here instead of leaving a claim unbacked. CI runs every test file, slow ones included (`.ci/run`)."""
+    tests = DOCS.parent / "tests"
+    pages = [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]
+    named = 0
+    missing = []
+    for page in pages:
+        for line in page.read_text().splitlines():
+            current: Path | None = None
+            for token in re.findall(r"`([^`]+)`", line):
+                found = re.fullmatch(r"(?:tests/)?(test_\w+\.py)(?:::(\w+))?(?:\[[^\]]*\])?", token)
+                if found:
+                    file, function = found.groups()
+                    if file in _LIGHTNING_TEST_FILES:
+                        current = None
+                        continue
+                    current = tests / file
+                    if not current.exists():
+                        missing.append(f"{page.name}: {token}")
+                        current = None
+                        continue
+                elif (also := re.fullmatch(r"::(\w+)(?:\[[^\]]*\])?", token)) and current is not None:
+                    function = also.group(1)
+                else:
+                    continue
+                named += 1
+                if function and not re.search(rf"^(?:async )?def {function}\(", current.read_text(), flags=re.M):
+                    missing.append(f"{page.name}: {token} (in {current.name})")
+    assert named > 50, named
+    assert not missing, missing
