@@ -48,13 +48,8 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
         assert calls["windows"] >= 2 and calls["all_gather"] == calls["logging_steps"] + calls["windows"], calls
 
 
-@pytest.mark.parametrize(
-    ("fault", "step"),
-    [
-        ("window", "measuring the window"),
-        pytest.param("record", "planning the next probe", marks=pytest.mark.slow),  # the same pairing, later
-    ],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize(("fault", "step"), [("window", "measuring the window"), ("record", "planning the next probe")])
 def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path: Path, fault: str, step: str) -> None:
     # Rank 1's tuner fails at its second window. Had it stopped alone, rank 0 would wait for it in the tuner's
     # next collective for good: every rank stops at the same point, back on the user's settings, in order.
