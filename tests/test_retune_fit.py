@@ -172,13 +172,15 @@ class PhasedData(ResumableLoaderMixin, pl.LightningDataModule):
 
 class HeavyOnResume(HeavyFrom):
     """Also heavy from the first step of a fit resumed inside or after ``epoch`` (Lightning does not start an
-    epoch it resumes in the middle of); stops the fit with a checkpoint after global step ``stop``, or with
-    ``stop=0`` on the first step whose decision is a re-tune's (right after it switched the loader)."""
+    epoch it resumes in the middle of); stops the fit with a checkpoint after global step ``stop``, with ``stop=0``
+    on the first step whose decision is a re-tune's (right after it switched the loader), or with
+    ``stop=EPOCH_AFTER`` 60 steps into the epoch after that step's."""
 
     def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard, stop: int | None, ckpt: Path) -> None:
         super().__init__(dataset, epoch, guard)
         self.stop, self.ckpt = stop, ckpt
         self.decision_at_stop: Any = None
+        self.retuned_in: int | None = None  # the epoch the first re-tuned decision was seen in
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.current_epoch >= self.epoch >= 0:
@@ -188,25 +190,41 @@ class HeavyOnResume(HeavyFrom):
         super().on_train_batch_end(trainer, *args)
         decision = self.guard.decision
         retunes = decision.retunes if decision is not None else 0
+        if retunes and self.retuned_in is None:
+            self.retuned_in = trainer.current_epoch
+        an_epoch_after = (
+            self.stop == EPOCH_AFTER
+            and self.retuned_in is not None
+            and trainer.current_epoch == self.retuned_in + 1
+            and trainer.global_step % (LENGTH // BATCH) == 60
+        )
         if (
             self.stop is not None
             and not trainer.should_stop
-            and (trainer.global_step == self.stop or (self.stop == 0 and retunes))
+            and (trainer.global_step == self.stop or (self.stop == 0 and retunes) or an_epoch_after)
         ):
             self.decision_at_stop = decision
             trainer.save_checkpoint(self.ckpt)
             trainer.should_stop = True
 
 
+EPOCH_AFTER = -1
+
+
 def _resumable_fit(
-    ckpt: Path, tune: bool | TuneOptions, heavy_from: int, stop: int | None = None, resume: bool = False
+    ckpt: Path,
+    tune: bool | TuneOptions,
+    heavy_from: int,
+    stop: int | None = None,
+    resume: bool = False,
+    epochs: int = 4,
 ) -> tuple[list[int], HeavyOnResume]:
     pl.seed_everything(5, verbose=False)
     dataset = PhasedDataset()
     guard = LoadGuard(print_summary=False, auto_tune=tune, log_every_n_steps=10)
     clock = HeavyOnResume(dataset, heavy_from, guard, stop, ckpt)
     module = TimedModule(step_s=STEP_S if tune else 0.0)
-    trainer = quiet_trainer(max_epochs=4, callbacks=[guard, clock])  # four epochs: as in _fit
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard, clock])  # four by default: as in _fit
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, datamodule=PhasedData(dataset), ckpt_path=str(ckpt) if resume else None)
@@ -217,16 +235,19 @@ def _resumable_fit(
     "stop",
     [
         pytest.param(0, id="right-after-the-re-tune-switched", marks=pytest.mark.slow),
-        pytest.param(2 * LENGTH // BATCH + 60, id="mid-way-through-the-next-epoch", marks=pytest.mark.slow),
+        # A re-tune that starts at an epoch's start may span two epochs and decide in the second: a fifth epoch
+        # leaves room for the one after it.
+        pytest.param(EPOCH_AFTER, id="mid-way-through-the-next-epoch", marks=pytest.mark.slow),
     ],
 )
 def test_a_fit_stopped_after_a_re_tune_resumes_with_no_sample_skipped_or_repeated(tmp_path: Path, stop: int) -> None:
     ckpt = tmp_path / "retuned.ckpt"
-    untuned, _ = _resumable_fit(ckpt, False, heavy_from=-1)
-    first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=1, stop=stop)
+    epochs = 5 if stop == EPOCH_AFTER else 4
+    untuned, _ = _resumable_fit(ckpt, False, heavy_from=-1, epochs=epochs)
+    first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=1, stop=stop, epochs=epochs)
     assert clock.decision_at_stop.retunes >= 1  # not vacuous: the fit was stopped with a re-tuned decision,
     assert len(first) % LENGTH, len(first)  # inside an epoch
-    rest, _ = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True)
+    rest, _ = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True, epochs=epochs)
     assert first + rest == untuned
 
 
