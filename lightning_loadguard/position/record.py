@@ -1,8 +1,8 @@
 """The batches of indices one sampler run handed out, held compactly.
 
-An epoch of 5,000 batches of 256 indices held as Python lists costs about 50 MiB in the main process (a list
-of 256 small ints is about 10 KiB), and an epoch of millions of samples hundreds of MB. Indices are held here
-as a flat machine-int array and the end of each batch: 4 bytes per index while they fit in 32 bits. Anything
+Held as Python lists, each index costs a list slot and an int object in the main process, tens of bytes, so an
+epoch of millions of samples holds hundreds of MB. Indices are held here as a flat machine-int array and the end
+of each batch: 4 bytes per index while they fit in 32 bits. Anything
 a sampler may yield besides a list of ints, or a bare int (a tuple, a tensor, numpy ints, a key), is kept as
 the object itself from that point on, so what is played back is always exactly what was recorded, type
 included.
@@ -77,8 +77,3 @@ class IndexRecord:
         if self._items is not None:
             return len(self._items)
         return len(self._ends) if self._batches else len(self._values)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the arrays hold (a fallback list of objects is not counted)."""
-        return self._values.itemsize * len(self._values) + self._ends.itemsize * len(self._ends)

@@ -954,13 +954,17 @@ class TuningSession:
         so that a re-tune can restart the loader mid-epoch as the first probing did."""
         planner = self._planner
         self._reference = None
-        if not self.options.retune or decision.verdict not in _WATCHED or self._tap is None or planner is None:
+        if not self._watchable(decision) or self._tap is None or planner is None:
             return
         arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), None)
         if arm is None or arm.rate <= 0:
             return
         self._reference, self._watch_steps = WatchReference.of(arm), planner.window_steps
         self._watch_from_now()
+
+    def _watchable(self, decision: TuneDecision) -> bool:
+        """Whether ``decision`` is one a re-tune may revisit, with re-tuning on."""
+        return self.options.retune and decision.verdict in _WATCHED
 
     def _watch_from_now(self) -> None:
         assert self._reference is not None
@@ -973,8 +977,8 @@ class TuningSession:
         decision against what it measured when it decided, where the loader runs it. A resume on a slower host,
         or onto a heavier data phase, is then probed again as a change in the same fit would be. Whether it
         watches."""
-        decision, reference = self.decision, self._reference
-        if not self.options.retune or decision is None or reference is None or decision.verdict not in _WATCHED:
+        decision = self.decision
+        if decision is None or self._reference is None or not self._watchable(decision):
             return False
         if _loaders_declined(loaders) is not None or isinstance(loaders[0].dataset, IterableDataset):
             return False
@@ -1059,9 +1063,8 @@ class TuningSession:
 
     def _at_epoch_end(self, port: TrainerPort) -> bool:
         # The epoch's last fetch also ends the iterator: Lightning fetches one batch ahead, so the last step's wait
-        # holds the exhausting next(), in which torch joins each worker of a non-persistent iterator (7.5 ms for 1
-        # worker, 41 ms for 8 idle ones on a 2-core host; more where they are busy). A once-an-epoch cost, not a
-        # change: that window is left for the next epoch's.
+        # holds the exhausting next(), in which torch joins each worker of a non-persistent iterator, a cost that
+        # grows with the workers. Once an epoch, not a change: that window is left for the next epoch's.
         steps = port.epoch_steps(self._loader)
         return steps is not None and port.consumed_in_epoch() >= steps
 
