@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
 from sim_pipeline import Cost, Host, SimPipeline, steady_rate
 from tune_pipelines import Pipeline, loader, pipelines
-from workloads import Stopwatch
+from workloads import Stopwatch, fed_length
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.meters.settings import LoaderSettings
@@ -52,26 +52,31 @@ BLOCK = 4
 
 
 class _CpuClock(pl.Callback):
-    """The main process's CPU time and the wall time over the steps after ``warmup``."""
+    """Per step after ``warmup``: the wall time, the process's CPU time (a CPU step's intra-op threads
+    included) and the loop thread's (``loop_cpu``: a worker-fed loader's queue feeder thread runs beside the
+    loop, off its path)."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
-        self.start: tuple[float, float] | None = None
+        self.start: tuple[float, float, float] | None = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.warmup:
-            self.start = (time.perf_counter(), time.process_time())
+            self.start = (time.perf_counter(), time.process_time(), time.thread_time())
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         assert self.start is not None
         steps = trainer.global_step - self.warmup
         self.wall = (time.perf_counter() - self.start[0]) / steps
         self.cpu = (time.process_time() - self.start[1]) / steps
+        self.loop_cpu = (time.thread_time() - self.start[2]) / steps
 
 
-def _clocked_fit(module: pl.LightningModule, fed: DataLoader, steps: int = 150, warmup: int = 20) -> _CpuClock:
+def _clocked_fit(
+    module: pl.LightningModule, fed: DataLoader, steps: int = 150, warmup: int = 20, *also: pl.Callback
+) -> _CpuClock:
     clock = _CpuClock(warmup)
-    quiet_trainer(max_steps=steps + warmup, callbacks=[clock]).fit(module, fed)
+    quiet_trainer(max_steps=steps + warmup, callbacks=[clock, *also]).fit(module, fed)
     return clock
 
 
@@ -105,11 +110,14 @@ def _background(cores: int, seconds: float = 0.5) -> float:
 
 
 def _loop_costs() -> dict[str, float]:
-    """The Lightning loop's CPU per step around a trivial step and a trivial batch (split into the part inside
-    a timed step and the part after it), the hand-over of a batch from a worker, and a worker's start-up.
+    """The Lightning loop's CPU per step around a paced 10 ms step and a trivial batch (split into the part
+    inside the step and the part after it), the hand-over of a batch from a worker, and a worker's start-up.
 
     CPU times, which other work on the host does not stretch; where only a wall time says it (the part of the
-    loop outside a paced step, the start-up), the quickest of many, which other work stretched least.
+    loop outside a paced step, the start-up), the quickest of many, which other work stretched least. The loop
+    and the hand-over are both measured around the same paced step: a thread that wakes from a sleep runs the
+    same code on colder caches (about 0.9 ms more CPU a step here after a 5 ms sleep than with no sleep), so a
+    hand-over taken as the difference to a fit without a sleep would hold that too.
     """
     trivial = TimedDataset(400 * 4, 0.0)
     it = iter(DataLoader(trivial, batch_size=4, shuffle=True))
@@ -117,17 +125,17 @@ def _loop_costs() -> dict[str, float]:
     for _ in range(200):
         next(it)
     fetch_cpu = (time.thread_time() - c0) / 200
-    zero = _clocked_fit(TimedModule(0.0, record=False), DataLoader(trivial, batch_size=4, shuffle=True))
-    total = max(0.0, zero.cpu - fetch_cpu)
     watch = Stopwatch(20)
-    paced = DataLoader(trivial, batch_size=4, shuffle=True)
-    quiet_trainer(max_steps=170, callbacks=[watch]).fit(TimedModule(0.010, record=False), paced)
+    paced = _clocked_fit(
+        TimedModule(0.010, record=False), DataLoader(trivial, batch_size=4, shuffle=True), 150, 20, watch
+    )
+    total = max(0.0, paced.loop_cpu - fetch_cpu)
     periods = sorted(b - a for a, b in zip(watch.starts, watch.starts[1:], strict=False))
     after = min(total, max(0.0, periods[len(periods) // 10] - 0.010 - fetch_cpu))
     worker = _clocked_fit(
-        TimedModule(0.005, record=False), DataLoader(trivial, batch_size=4, shuffle=True, num_workers=1)
+        TimedModule(0.010, record=False), DataLoader(trivial, batch_size=4, shuffle=True, num_workers=1)
     )
-    handover = max(0.0001, worker.cpu - total)
+    handover = max(0.0001, worker.loop_cpu - total)
     starts = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -159,8 +167,9 @@ def _live_rate(pipeline: Pipeline, key: tuple[int, int | None]) -> tuple[float, 
     """The steady rate of a Lightning fit at ``key`` (as tune_pipelines.steady_rate) and the relative spread of
     its 4-step block rates."""
     workers, prefetch = key
-    warmup = WARMUP + 2 * LoaderSettings(num_workers=workers, prefetch_factor=prefetch).batches_in_flight
-    fed = loader(pipeline, STEPS + warmup, workers, prefetch, counted=True)
+    settings = LoaderSettings(num_workers=workers, prefetch_factor=prefetch)
+    warmup = WARMUP + 2 * settings.batches_in_flight
+    fed = loader(pipeline, fed_length(STEPS + warmup, settings), workers, prefetch, counted=True)
     watch = Stopwatch(warmup, counted=fed.dataset, batch_size=pipeline.batch_size)  # type: ignore[arg-type]
     quiet_trainer(max_steps=STEPS + warmup, callbacks=[watch]).fit(pipeline.module(), fed)
     starts = watch.starts

@@ -57,7 +57,7 @@ from lightning_loadguard.tuning.options import TuneOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pipelines import quiet_trainer
-from workloads import AugmentingDataset, CountedDataset, CpuModule, JpegDataset, Stopwatch, make_jpegs
+from workloads import AugmentingDataset, CountedDataset, CpuModule, JpegDataset, Stopwatch, fed_length, make_jpegs
 
 Key = tuple[int, int | None]
 
@@ -136,8 +136,9 @@ def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     and a deep one would look faster than it runs. The run the tuner tunes, with its loop's own CPU use beside
     the workers."""
     workers, prefetch = key
-    warmup += 2 * LoaderSettings(num_workers=workers, prefetch_factor=prefetch).batches_in_flight
-    fed = loader(pipeline, steps + warmup, *key, counted=True)
+    settings = LoaderSettings(num_workers=workers, prefetch_factor=prefetch)
+    warmup += 2 * settings.batches_in_flight
+    fed = loader(pipeline, fed_length(steps + warmup, settings), *key, counted=True)
     watch = Stopwatch(warmup, counted=fed.dataset, batch_size=pipeline.batch_size)
     trainer = quiet_trainer(max_steps=steps + warmup, callbacks=[watch])
     trainer.fit(pipeline.module(), fed)

@@ -27,6 +27,7 @@ from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
+from lightning_loadguard.meters.settings import LoaderSettings
 
 IMAGE_SIZE = 160
 CROP = 128
@@ -182,12 +183,22 @@ class CountedDataset(Dataset):
         return int(self.counts.sum())
 
 
+def fed_length(steps: int, settings: LoaderSettings) -> int:
+    """Batches a loader needs for a fit of ``steps`` measured by :class:`Stopwatch` with ``counted``: the fit's
+    steps and every batch the workers may have in flight at its last one, so that they make batches at the
+    loop's pace to the end."""
+    return steps + settings.batches_in_flight
+
+
 class Stopwatch(pl.Callback):
     """Steps per second after a warm-up (worker start-up and first-batch effects left out), two ways.
 
     ``rate``: steps over the wall time; with ``counted`` (the fit's dataset) and ``batch_size``, at most the
     batches its workers finished over the same time, so that a buffer filled before the warm-up ended and
-    drained inside the measured steps does not count as speed. ``clipped_rate``: each step's period (batch
+    drained inside the measured steps does not count as speed; the loader must then hold at least its batches in
+    flight beyond the fit's last step (:func:`fed_length`), or the workers stop at the sampler's end while the
+    loop still takes the batches they made early, and a deep buffer reads slower than it runs by ``in flight /
+    steps``. ``clipped_rate``: each step's period (batch
     start to batch start) capped at twice the median period first. A step during which another process held
     the core, or the VM paused, lasts several periods; LoadGuard's own slowest steps (a logging step: about a
     millisecond) stay under the cap, so the capped rate still counts them.
