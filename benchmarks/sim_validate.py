@@ -94,6 +94,20 @@ def _batch_costs(pipeline: Pipeline, batches: int) -> tuple[list[float], list[fl
     return io, cpu
 
 
+def _worker_batch(pipeline: Pipeline, batches: int = 120) -> float:
+    """Mean seconds one worker takes per batch, running flat out (prefetch 4, the loop only taking batches):
+    making a batch in a worker costs more than in the loop, by its sending (pickling into shared memory, on the
+    worker's queue thread, which must take the GIL from a transform that holds it)."""
+    fed = loader(pipeline, batches + 24, 1, 4)
+    it = iter(fed)
+    for _ in range(8):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return (time.perf_counter() - t0) / batches
+
+
 def _spin(seconds: float) -> float:
     w0, c0 = time.perf_counter(), time.thread_time()
     while time.perf_counter() - w0 < seconds:
@@ -132,10 +146,21 @@ def _loop_costs() -> dict[str, float]:
     total = max(0.0, paced.loop_cpu - fetch_cpu)
     periods = sorted(b - a for a, b in zip(watch.starts, watch.starts[1:], strict=False))
     after = min(total, max(0.0, periods[len(periods) // 10] - 0.010 - fetch_cpu))
-    worker = _clocked_fit(
-        TimedModule(0.010, record=False), DataLoader(trivial, batch_size=4, shuffle=True, num_workers=1)
+    fed_watch = Stopwatch(20)
+    fed = _clocked_fit(
+        TimedModule(0.010, record=False),
+        DataLoader(trivial, batch_size=4, shuffle=True, num_workers=1),
+        150,
+        20,
+        fed_watch,
     )
-    handover = max(0.0001, worker.loop_cpu - total)
+    # The hand-over's CPU, and its wall time beside it (the quickest periods of the two paced fits: the fetch
+    # lies outside the step's 10 ms), the rest waiting: with torch's default ``file_descriptor`` sharing each
+    # tensor's descriptor comes back from the worker's sharer thread in a round trip.
+    handover = max(0.0001, fed.loop_cpu - total)
+    fed_periods = sorted(b - a for a, b in zip(fed_watch.starts, fed_watch.starts[1:], strict=False))
+    handover_wall = fed_periods[len(fed_periods) // 10] - periods[len(periods) // 10] + fetch_cpu
+    handover_wait = max(0.0, handover_wall - handover)
     starts = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -148,6 +173,7 @@ def _loop_costs() -> dict[str, float]:
         "inside": total - after,
         "after": after,
         "handover": handover,
+        "handover_wait": handover_wait,
         "fork": min(s[0] for s in starts) / 4,
         "start": min(s[1] for s in starts),
         "fetch": fetch_cpu,
@@ -186,6 +212,7 @@ def measure(out: Path) -> None:
         for pipeline in pipelines(Path(tmp)):
             io, cpu = _batch_costs(pipeline, 120)
             entry: dict[str, Any] = {"io": io, "cpu": cpu, "background": [_background(cores)]}
+            entry["worker_batch"] = _worker_batch(pipeline)
             if pipeline.cpu_step is not None:
                 entry["step_cpu"], entry["step_threads"] = _step_costs(pipeline, io, cpu)
             rates = {}
@@ -222,6 +249,10 @@ def sim_pipeline(name: str, pipeline: Pipeline, record: dict[str, Any]) -> SimPi
         device_s=device,
         after_cpu_s=after,
         handover_s=loop["handover"],
+        handover_wait_s=loop.get("handover_wait", 0.0),
+        worker_extra_s=max(
+            0.0, entry.get("worker_batch", 0.0) - statistics.fmean(entry["io"]) - statistics.fmean(entry["cpu"])
+        ),
         fork_s=loop["fork"],
         start_s=loop["start"],
     )
@@ -233,7 +264,8 @@ def compare(record: dict[str, Any]) -> None:
     loop = record["loop"]
     print(
         f"host: {record['cores']} cores; loop CPU per step {loop['inside'] * 1e3:.2f} + {loop['after'] * 1e3:.2f} ms, "
-        f"hand-over {loop['handover'] * 1e3:.2f} ms, fork {loop['fork'] * 1e3:.1f} ms/worker, "
+        f"hand-over {loop['handover'] * 1e3:.2f} ms CPU + {loop.get('handover_wait', 0) * 1e3:.2f} ms waiting, "
+        f"fork {loop['fork'] * 1e3:.1f} ms/worker, "
         f"worker start-up {loop['start'] * 1e3:.0f} ms\n"
     )
     keys = [f"{w},{p}" for w, p in GRID]

@@ -128,6 +128,10 @@ class SimPipeline:
         device_s: per step, the accelerator's time (0: the step computes on the CPU).
         after_cpu_s: per step, the loop's CPU work after the step (its bookkeeping before the next fetch).
         handover_s: main-process CPU to take one batch from a worker.
+        handover_wait_s: of taking a batch from a worker, the wait beside that CPU (no core: the round trip for
+            each tensor's descriptor to the worker's sharer thread).
+        worker_extra_s: per batch made in a worker, its CPU beyond making it in the loop (sending it: pickling
+            into shared memory on the worker's queue thread).
         fork_s: main-process CPU per worker a new iterator starts; start_s: each worker's own start-up CPU.
         settle: a restarted loader's extra cost share, decaying with ``settle_s``.
     """
@@ -142,6 +146,8 @@ class SimPipeline:
     device_s: float = 0.0
     after_cpu_s: float = 0.0
     handover_s: float = 0.0003
+    handover_wait_s: float = 0.0
+    worker_extra_s: float = 0.0
     fork_s: float = 0.003
     start_s: float = 0.02
     settle: float = 0.0
@@ -415,7 +421,7 @@ class Sim:
         self._busy_batch[slot] = index
         self._batch_start[slot] = self.now
         io = self._io() * factor
-        cpu = self._cpu() * factor
+        cpu = self._cpu() * factor + self.p.worker_extra_s
         self._batch_cpu[slot] = cpu
         self._batch_io[slot] = io
         if io > 0:
@@ -481,6 +487,8 @@ class Sim:
                 ready = index in self._made
                 if not ready:
                     yield ("batch", index)
+                if p.handover_wait_s > 0:
+                    yield ("until", self.now + p.handover_wait_s)
                 th = self.now
                 yield ("cpu", p.handover_s, 1.0)
                 queued = max(0.0, self.now - th - p.handover_s)

@@ -37,6 +37,28 @@ def test_cpu_bound_workers_share_the_cores_with_the_loop() -> None:
     assert 1 / 0.0175 < one < 1 / 0.016
 
 
+def test_a_batch_made_in_a_worker_costs_its_sending_and_a_hand_over_its_wait() -> None:
+    # One worker: 8 ms of CPU a batch and 2 ms to send it from the worker, against a 1 ms step: 100 batches/s.
+    sent = SimPipeline(
+        "cpu", "cpu_bound", Host(cores=4), cpu=Cost(0.008), step_cpu_s=0.0, device_s=0.001, worker_extra_s=0.002
+    )
+    assert steady_rate(sent, LoaderSettings(1, 2)) == pytest.approx(100.0, rel=0.01)
+    # Made in the loop, the batch costs its 8 ms alone.
+    assert steady_rate(sent, LoaderSettings(0)) == pytest.approx(1 / 0.009, rel=0.01)
+    # 4 workers (200 batches/s) ahead of a 5 ms step: each step takes its batch in 0.3 ms of CPU and 1 ms of waiting.
+    taken = SimPipeline(
+        "io",
+        "io_bound",
+        Host(cores=8),
+        io=Cost(0.02),
+        step_cpu_s=0.0,
+        device_s=0.005,
+        handover_s=0.0003,
+        handover_wait_s=0.001,
+    )
+    assert steady_rate(taken, LoaderSettings(4, 2)) == pytest.approx(1 / 0.0063, rel=0.01)
+
+
 def test_other_processes_take_their_share_of_the_cores() -> None:
     p = SimPipeline(
         "cpu", "contended", Host(cores=2, others=2.0), cpu=Cost(0.01), step_cpu_s=0.0, handover_s=0.0, device_s=0.001
