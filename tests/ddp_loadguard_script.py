@@ -53,12 +53,19 @@ def main(out_dir: str) -> None:
     module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
     snapshot = guard.snapshot
     assert snapshot is not None and guard.diagnosis is not None
+    epoch = Observed.of(module, 1, len(module.steps))
     result = {
         "metrics": guard.metrics,
         "published": published,
         "after_closing": events[len(events) - events[::-1].index("publish") :],
         "rank_wait_fractions": snapshot.rank_wait_fractions,
         "observed_wait_fraction": Observed.of(module, 1, guard.window).wait_fraction,
+        # Step by step, this rank's window as LoadGuard measured it and the epoch as its own clocks saw it.
+        "own_wait_s": list(snapshot.wait_s),
+        "own_step_s": list(snapshot.step_s),
+        "own_wait_fraction": snapshot.wait_fraction,
+        "clock_fetch_s": list(epoch.fetch_s),
+        "clock_period_s": list(epoch.period_s),
         "processes_on_host": snapshot.host.processes_on_host,
         "batch_bytes": snapshot.batch_bytes,
         "inflight_host_bytes": snapshot.inflight_host_bytes,

@@ -338,3 +338,20 @@ def leave_process_group() -> None:
     can abort the process (SIGABRT, "terminate called without an active exception") after training finished."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+FETCH_APART_S = 0.0001  # the profiler's clock reads and LoadGuard's bookkeeping between the two intervals' ends
+FETCHES_APART_MOST = 0.8  # a busy host may deschedule the loop between the two clocks on a few fetches, not most
+
+
+def assert_fetches_nest_in_the_profilers(ours: tuple[float, ...], profiler: tuple[float, ...]) -> float:
+    """Fetch by fetch, LoadGuard's wait lies inside the profiler's interval and, on most fetches, within
+    ``FETCH_APART_S`` of it: the two clocks are read microseconds apart, unless the host takes the core between.
+
+    Returns the mean time per fetch the profiler's interval holds beyond LoadGuard's."""
+    assert len(ours) == len(profiler), (len(ours), len(profiler))
+    gaps = [theirs - mine for mine, theirs in zip(ours, profiler, strict=True)]
+    assert min(gaps) > -1e-6, gaps
+    close = sum(gap < FETCH_APART_S for gap in gaps)
+    assert close >= FETCHES_APART_MOST * len(gaps), gaps
+    return sum(gaps) / len(gaps)

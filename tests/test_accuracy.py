@@ -10,14 +10,12 @@ The quiet-machine table against the known costs is ``benchmarks/accuracy.py``.
 from __future__ import annotations
 
 import pytest
-from pipelines import Observed, Scenario, fit_scenario, standard_scenarios
+from pipelines import Observed, Scenario, assert_fetches_nest_in_the_profilers, fit_scenario, standard_scenarios
 
 CAPACITY_TOLERANCE = 0.05  # relative: the batch's own clock runs from its first sample to its collate's end
 # LoadGuard's timing of a fetch sits inside the profiler's, microseconds apart: 2 % of the observed figure.
 TOLERANCE_REL = 0.02
 WAIT_TOLERANCE_ABS = 0.002
-FETCH_APART_S = 0.0001  # the profiler's clock reads and LoadGuard's bookkeeping between the two intervals' ends
-FETCHES_APART_MOST = 0.8  # a busy host may deschedule the loop between the two clocks on a few fetches, not most
 
 _CASES = [
     pytest.param(scenario, id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}")
@@ -52,7 +50,7 @@ def _check_figures(scenario: Scenario) -> tuple[float, float]:
 
     # The wait: the fetches as Lightning's profiler timed them, over the loop time by the module's clock; and
     # no fetch ends before its batch's last sample was made (the dataset's clock).
-    outside = _assert_fetches_nest_in_the_profilers(guard.snapshot.wait_s, seen.fetch_s)
+    outside = assert_fetches_nest_in_the_profilers(guard.snapshot.wait_s, seen.fetch_s)
     assert wait <= seen.wait_fraction * (1 + TOLERANCE_REL) + WAIT_TOLERANCE_ABS
     assert wait >= seen.production_wait_fraction - WAIT_TOLERANCE_ABS
     # The step is the rest of the period: it also holds what of the profiler's fetch lies outside LoadGuard's.
@@ -77,16 +75,3 @@ def _check_figures(scenario: Scenario) -> tuple[float, float]:
         assert not any(seen.made_before_asked)
         assert metrics["loadguard/ready_fraction"] == 0.0
     return metrics["loadguard/producer_rate"], seen.capacity
-
-
-def _assert_fetches_nest_in_the_profilers(ours: tuple[float, ...], profiler: tuple[float, ...]) -> float:
-    """Fetch by fetch, LoadGuard's wait lies inside the profiler's interval and, on most fetches, within
-    ``FETCH_APART_S`` of it: the two clocks are read microseconds apart, unless the host takes the core between.
-
-    Returns the mean time per fetch the profiler's interval holds beyond LoadGuard's."""
-    assert len(ours) == len(profiler), (len(ours), len(profiler))
-    gaps = [theirs - mine for mine, theirs in zip(ours, profiler, strict=True)]
-    assert min(gaps) > -1e-6, gaps
-    close = sum(gap < FETCH_APART_S for gap in gaps)
-    assert close >= FETCHES_APART_MOST * len(gaps), gaps
-    return sum(gaps) / len(gaps)
