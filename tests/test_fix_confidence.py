@@ -169,3 +169,27 @@ def test_each_verdict_recommends_loader_kwargs_and_says_whether_it_is_certain() 
 
     healthy = diagnose(_workers_window())
     assert healthy.verdict == "compute_bound" and healthy.recommended == {} and healthy.certain is True
+
+
+def test_fixes_in_code_recommend_no_kwargs_and_a_slow_copy_to_an_accelerator_recommends_pinning() -> None:
+    straggler = diagnose(_workers_window(rank_wait_fractions=(0.01, 0.02, 0.31, 0.01)))
+    assert straggler.verdict == "straggler_rank" and straggler.recommended == {}
+    assert "rank 2's host and shard" in straggler.findings[0].fix
+
+    # Ready batches whose fetch still costs 20 ms of each 70 ms: the hand-over, fixed in the dataset's output.
+    handover = diagnose(_workers_window(wait_s=(0.02,) * 40, ready=(True,) * 40))
+    assert handover.verdict == "transfer_bound" and handover.recommended == {}, handover.to_text()
+    assert "a few large contiguous tensors" in handover.findings[0].fix
+
+    # A copy to the accelerator taking 30 ms of each 50 ms step: pinned memory, unless it is pinned already.
+    slow_copy = {"transfer_s": (0.03,) * 40, "accelerator": True}
+    copy = diagnose(_workers_window(**slow_copy))
+    assert copy.verdict == "transfer_bound" and copy.recommended == {"pin_memory": True}, copy.to_text()
+    assert "pin_memory=True and .to(device, non_blocking=True)" in copy.findings[0].fix
+    pinned = diagnose(
+        _workers_window(**slow_copy, settings=LoaderSettings(num_workers=2, prefetch_factor=2, pin_memory=True))
+    )
+    assert pinned.verdict == "transfer_bound" and pinned.recommended == {}, pinned.to_text()
+    # On the CPU, the same copy share gets no pinning.
+    on_cpu = diagnose(_workers_window(transfer_s=(0.03,) * 40))
+    assert on_cpu.verdict == "transfer_bound" and on_cpu.recommended == {}, on_cpu.to_text()

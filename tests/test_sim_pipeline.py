@@ -3,10 +3,13 @@ scored with must itself be right)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
-from sim_pipeline import Cost, Host, Sim, SimPipeline, steady_rate, tune
+from sim_pipeline import Cost, Host, Sim, SimPipeline, steady_rate, tune, tune_sim
 
 from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.tuning.planner import Planner
 
 
 def _io(cores: int = 8, **kw: object) -> SimPipeline:
@@ -124,3 +127,15 @@ def test_the_planner_runs_unchanged_against_it() -> None:
     tuned = tune(p, seed=0)
     assert tuned.decision is not None and tuned.decision.verdict == "improved"
     assert steady_rate(p, tuned.chosen) > 3 * steady_rate(p, p.user)
+
+
+def test_on_an_accelerator_pinned_memory_is_probed_with_workers_and_on_the_cpu_never() -> None:
+    # I/O-bound: where the search has nothing new to measure at its best count, that count with pinned memory.
+    p = SimPipeline("io", "io_bound", Host(cores=8), io=Cost(0.02), device_s=0.005, epoch_steps=2000)
+    _, _, on_accelerator = tune_sim(p, seed=0, planner=partial(Planner, pinning_helps=True))
+    pinned = [s for s in on_accelerator.arms if s.pin_memory]
+    assert pinned, list(on_accelerator.arms)
+    assert all(s.num_workers >= 1 for s in pinned)
+    # Without an accelerator, never.
+    _, _, on_cpu = tune_sim(p, seed=0)
+    assert not any(s.pin_memory for s in on_cpu.arms)

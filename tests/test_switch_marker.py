@@ -28,6 +28,10 @@ def test_each_switch_of_the_loader_is_a_step_in_the_settings_line_and_a_text_mar
     workers = run.scalars["loadguard/num_workers"]
     assert workers.values[0] == 0  # the user's settings first
     assert workers.values[-1] == decision.num_workers  # the decision last
+    # The depth beside it: 0 while loading ran in the main process (no prefetch), the decision's last.
+    prefetch = run.scalars["loadguard/prefetch_factor"]
+    assert prefetch.values[0] == 0
+    assert prefetch.values[-1] == (decision.prefetch_factor or 0)
     marks = switches(run)
     assert marks and marks[0][1].startswith("workers 0 -> ")
     _, text = run.texts["loadguard/loader_settings/text_summary"]
