@@ -371,6 +371,9 @@ def test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhe
     assert m["loadguard/device_loop_idle_fraction"] > 0.3
     assert m["loadguard/device_data_idle_fraction"] < WAIT_OK
     assert guard.diagnosis is not None and guard.diagnosis.verdict == "loop_overhead"
+    # The fix is in the loop's code (the .item() each step), not in the loader's settings.
+    overhead = guard.diagnosis.findings[0]
+    assert overhead.recommended == {} and ".item()" in overhead.fix and "log_every_n_steps" in overhead.fix
     assert device.syncs["item"] == 26  # the callback's own, one per step; LoadGuard added none
 
 

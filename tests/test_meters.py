@@ -342,6 +342,12 @@ def test_each_rank_reports_its_own_host_and_the_busiest_apart() -> None:
     # On one host there is no busiest host to speak of.
     alone = summarise(_gathered(rows[:2]), this_rank=0).metrics
     assert "loadguard/hosts" not in alone and "loadguard/inflight_host_mb_max" not in alone
+    # Where /dev/shm is the tighter budget (its lowest reading on the host: 1,500 MB against 3,000 MB of RAM), the
+    # share is of it.
+    tight = [dict(rows[0], shm_free_mb=2000.0), dict(rows[1], shm_free_mb=1500.0)]
+    shm = summarise(_gathered(tight), this_rank=0).metrics
+    assert shm["loadguard/shm_free_mb"] == 1500.0 and shm["loadguard/host_available_mb"] == 3000.0
+    assert shm["loadguard/inflight_budget_fraction"] == pytest.approx(8.0 / 1500.0)
 
 
 def test_a_host_sum_with_a_part_unmeasured_is_left_out() -> None:
