@@ -76,6 +76,24 @@ def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path, unpace
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
 
 
+def test_every_logger_of_the_trainer_gets_the_same_figures_on_the_same_steps(tmp_path: Path) -> None:
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    guard = LoadGuard(window=10, print_summary=False)
+    loggers = [CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")]
+    trainer = _trainer(guard, logger=loggers, log_every_n_steps=5)
+    trainer.fit(TimedModule(step_s=0.002), timed_loader(TimedDataset(80, sample_s=0.002), batch_size=4))
+    with open(Path(loggers[0].log_dir) / "metrics.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("loadguard/wait_fraction")]
+    from_csv = {int(r["step"]): float(r["loadguard/wait_fraction"]) for r in rows}
+    events = EventAccumulator(loggers[1].log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    from_tensorboard = {e.step: e.value for e in events.Scalars("loadguard/wait_fraction")}
+    assert from_csv and from_csv.keys() == from_tensorboard.keys()
+    assert all(from_csv[k] == pytest.approx(from_tensorboard[k], rel=1e-6) for k in from_csv)
+
+
 def test_a_trainer_logging_every_step_gets_the_window_every_half_window(tmp_path: Path, unpaced: None) -> None:
     rows = _csv_rows(tmp_path, log_every_n_steps=1, num_workers=0)
     assert _steps_with(rows, "train_loss") == set(range(20))
