@@ -14,10 +14,12 @@ import math
 from statistics import fmean, pstdev
 
 import pytest
+from buffer_oracle import loader_waits
 
 from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
+from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
 from lightning_loadguard.model.forecast import (
     ForecastFacts,
     WhatIf,
@@ -86,6 +88,26 @@ def test_workers_needed_follow_littles_law_with_a_fifth_spare() -> None:
     assert forecast(_facts(), WhatIf(step_speedup=2.0)).workers_needed == 2
     # A 5 ms step: 3.2 busy, x 1.2 = 3.84: 4.
     assert forecast(_facts(), WhatIf(step_speedup=4.0)).workers_needed == 4
+
+
+def test_the_prefetch_needed_absorbs_the_bursts_as_a_brute_force_replay_finds() -> None:
+    # Every 15th batch takes 300 ms, the rest 10 ms, against a 20 ms step: the workers Little's law asks for keep
+    # up on the mean, and the depth is the smallest whose replayed wait is near a deep buffer's (every depth
+    # tried in an oracle written apart from the package).
+    production = ([0.010] * 14 + [0.300]) * 8
+    result = forecast(_facts(production_s=tuple(production), batch_cpu_s=0.029), WhatIf())
+    workers = result.workers_needed
+    assert workers >= 1 and result.prefetch_needed is not None
+    steps = 4 * len(production)
+    waits = [
+        sum(loader_waits(production, [0.020], workers=workers, prefetch=p, steps=steps)[0]) / steps
+        for p in range(1, 33)
+    ]
+    allowed = waits[-1] + PREFETCH_TOLERANCE * 0.020
+    truth = next(p for p, w in enumerate(waits, start=1) if w <= allowed)
+    assert abs(result.prefetch_needed - truth) <= 1, (result.prefetch_needed, truth, workers)
+    # Constant batches need no depth beyond the smallest.
+    assert forecast(_facts(), WhatIf(step_speedup=2.0)).prefetch_needed == 1
 
 
 def test_ranks_that_want_more_cores_than_there_are_share_them() -> None:
