@@ -32,6 +32,12 @@ def test_every_verdict_is_in_the_catalogue() -> None:
     assert rows == list(VERDICTS)
 
 
+def test_the_readme_names_every_verdict() -> None:
+    section = README.read_text().split("## What it tells you", 1)[1].split("\n## ", 1)[0]
+    listed = section.split("evidence and fix:", 1)[1].split(";", 1)[0]
+    assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(VERDICTS)
+
+
 def test_every_argument_is_in_the_api_reference() -> None:
     api = _text("api.md")
     for name in inspect.signature(LoadGuard).parameters:
