@@ -46,11 +46,12 @@ def test_every_argument_is_in_the_api_reference() -> None:
         assert f"`{field.name}`" in api, field.name
 
 
-@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+@pytest.mark.parametrize("page", [*sorted(f"docs/{p.name}" for p in DOCS.glob("*.md")), "README.md"])
 def test_links_resolve(page: str) -> None:
-    for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", _text(page)):
+    path = DOCS.parent / page
+    for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", path.read_text()):
         if "://" not in target:
-            assert (DOCS / target).exists(), f"{page} links to {target}, which does not exist"
+            assert (path.parent / target).exists(), f"{page} links to {target}, which does not exist"
 
 
 def test_architecture_names_what_exists() -> None:
