@@ -76,6 +76,22 @@ def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path, unpace
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
 
 
+def test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # A steady loop (batches made for free, a 5 ms step): 400 steps, figures logged on Lightning's logging steps
+    # (every 5, thinned on steps this short to keep logging's share of the time small); the verdict settles once.
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(guard, logger=TensorBoardLogger(tmp_path), log_every_n_steps=5)
+    trainer.fit(TimedModule(step_s=0.005), timed_loader(TimedDataset(1600, sample_s=0.0), batch_size=4))
+    events = EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    logged = events.Scalars("loadguard/wait_fraction")
+    texts = events.Tensors("loadguard/diagnosis/text_summary")
+    assert len(logged) >= 10, len(logged)
+    assert 1 <= len(texts) <= 3, [t.step for t in texts]
+
+
 def test_every_logger_of_the_trainer_gets_the_same_figures_on_the_same_steps(tmp_path: Path) -> None:
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
