@@ -76,16 +76,22 @@ def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path, unpace
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
 
 
-def test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step(tmp_path: Path) -> None:
+def _tensorboard_fit(log_dir: Path, dataset: TimedDataset, step_s: float, *others: Any) -> Any:
+    """A fit with LoadGuard (window 10) logging every 5 steps to TensorBoard (and ``others``); its events, read."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    tensorboard = TensorBoardLogger(log_dir)
+    trainer = _trainer(LoadGuard(window=10, print_summary=False), logger=[tensorboard, *others], log_every_n_steps=5)
+    trainer.fit(TimedModule(step_s=step_s), timed_loader(dataset, batch_size=4))
+    events = EventAccumulator(tensorboard.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    return events
+
+
+def test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step(tmp_path: Path) -> None:
     # A steady loop (batches made for free, a 5 ms step): 400 steps, figures logged on Lightning's logging steps
     # (every 5, thinned on steps this short to keep logging's share of the time small); the verdict settles once.
-    guard = LoadGuard(window=10, print_summary=False)
-    trainer = _trainer(guard, logger=TensorBoardLogger(tmp_path), log_every_n_steps=5)
-    trainer.fit(TimedModule(step_s=0.005), timed_loader(TimedDataset(1600, sample_s=0.0), batch_size=4))
-    events = EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
-    events.Reload()
+    events = _tensorboard_fit(tmp_path, TimedDataset(1600, sample_s=0.0), 0.005)
     logged = events.Scalars("loadguard/wait_fraction")
     texts = events.Tensors("loadguard/diagnosis/text_summary")
     assert len(logged) >= 10, len(logged)
@@ -93,18 +99,11 @@ def test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step(
 
 
 def test_every_logger_of_the_trainer_gets_the_same_figures_on_the_same_steps(tmp_path: Path) -> None:
-
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    guard = LoadGuard(window=10, print_summary=False)
-    loggers = [CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")]
-    trainer = _trainer(guard, logger=loggers, log_every_n_steps=5)
-    trainer.fit(TimedModule(step_s=0.002), timed_loader(TimedDataset(80, sample_s=0.002), batch_size=4))
-    with open(Path(loggers[0].log_dir) / "metrics.csv") as handle:
+    as_csv = CSVLogger(tmp_path / "csv")
+    events = _tensorboard_fit(tmp_path / "tb", TimedDataset(80, sample_s=0.002), 0.002, as_csv)
+    with open(Path(as_csv.log_dir) / "metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("loadguard/wait_fraction")]
     from_csv = {int(r["step"]): float(r["loadguard/wait_fraction"]) for r in rows}
-    events = EventAccumulator(loggers[1].log_dir, size_guidance={"scalars": 0})
-    events.Reload()
     from_tensorboard = {e.step: e.value for e in events.Scalars("loadguard/wait_fraction")}
     assert from_csv and from_csv.keys() == from_tensorboard.keys()
     assert all(from_csv[k] == pytest.approx(from_tensorboard[k], rel=1e-6) for k in from_csv)
@@ -118,13 +117,7 @@ def test_a_trainer_logging_every_step_gets_the_window_every_half_window(tmp_path
 
 
 def test_tensorboard_gets_scalars_dashboard_and_diagnosis(tmp_path: Path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    guard = LoadGuard(window=10, print_summary=False)
-    trainer = _trainer(guard, logger=TensorBoardLogger(tmp_path), log_every_n_steps=5)
-    trainer.fit(TimedModule(step_s=0.002), timed_loader(TimedDataset(80, sample_s=0.002), batch_size=4))
-    events = EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
-    events.Reload()
+    events = _tensorboard_fit(tmp_path, TimedDataset(80, sample_s=0.002), 0.002)
     scalars = set(events.Tags()["scalars"])
     assert {"loadguard/wait_fraction", "loadguard/producer_rate", "loadguard/consumer_rate"} <= scalars
     assert "loadguard/gpu_util" not in scalars  # CPU machine: nothing to measure, nothing logged
