@@ -62,6 +62,15 @@ def _check_figures(scenario: Scenario) -> tuple[float, float]:
         (seen.mean_step_s + outside) * 1e3, abs=TOLERANCE_REL * mean_period_s * 1e3
     )
     assert metrics["loadguard/throughput"] == pytest.approx(seen.throughput, rel=TOLERANCE_REL)
+    # The mean wait per step lies within the profiler's mean fetch and above the batches' own lateness; the rate
+    # without waiting is the step's, by the module's clock.
+    fetch_ms = [f * 1e3 for f in seen.fetch_s]
+    assert metrics["loadguard/data_wait_ms"] <= sum(fetch_ms) / len(fetch_ms) + 1e-6
+    late_ms = sum(seen.production_wait_s) / len(seen.production_wait_s) * 1e3
+    assert metrics["loadguard/data_wait_ms"] >= late_ms - WAIT_TOLERANCE_ABS * mean_period_s * 1e3
+    assert 1e3 / metrics["loadguard/consumer_rate"] == pytest.approx(
+        (seen.mean_step_s + outside) * 1e3, abs=TOLERANCE_REL * mean_period_s * 1e3
+    )
     if scenario.num_workers:
         # A batch finished before the loop asked for it was ready; up to two boundary cases of 21 may differ
         # (finished in the microseconds between the module's end of step and the fetch).
