@@ -358,6 +358,10 @@ def test_trainer_with_a_simulated_device_measures_the_loaders_idle_on_the_device
     assert m["loadguard/wait_fraction"] > m["loadguard/device_data_idle_fraction"] + 0.15  # the host's figure
     assert guard.snapshot is not None
     assert 15.0 - 1e-6 <= median(guard.snapshot.device_step_s) * 1e3 < 20.0
+    # The logged step and copy on the device's clock: the 15 ms of work (a mean: a first step may run longer), and
+    # no copy (this module moves nothing to the device).
+    assert 15.0 - 1e-6 <= m["loadguard/device_step_ms"] < 20.0
+    assert m["loadguard/device_transfer_ms"] == pytest.approx(0.0, abs=1.0)
     assert m["loadguard/consumer_rate"] < 1 / 0.015  # from the device's step, not the host's launches
     assert guard.diagnosis is not None and guard.diagnosis.verdict == "producer_deficit"
     assert device.total_syncs == 0  # measuring added no synchronisation to any step
