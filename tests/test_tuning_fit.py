@@ -185,9 +185,16 @@ def test_a_small_memory_budget_is_never_broken(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_decision_is_restored_and_applied_without_probing(tmp_path: Path) -> None:
-    _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
-    decision = first.decision
-    assert decision is not None and decision.num_workers > 1
+    # The precondition, a decision that changed the settings, is the host's to give: 6-step windows on a busy host
+    # can spread by more than the 3 workers win (noise 31 % against 18 % in one run beside under-load), and the
+    # tuner then rightly keeps yours. Such a first fit is run again, at most three times.
+    for _ in range(3):
+        _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
+        decision = first.decision
+        assert decision is not None
+        if decision.num_workers > 1:
+            break
+    assert decision.num_workers > 1, decision.table()
     path = str(tmp_path / "tuned.ckpt")
     trainer.save_checkpoint(path)
 
