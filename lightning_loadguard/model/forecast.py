@@ -780,11 +780,14 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     worker_cores = ranks * rate * batch_cpu * b if settings.num_workers > 0 else 0.0
     loop_cores = ranks * rate * (step_cpu / k * b + (0.0 if settings.num_workers > 0 else batch_cpu * b))
     loads: dict[str, float] = {}
+    # Each limit's load at the step's own rate: the demand, not the rate left once the cores slowed the step (at
+    # that rate the cores suffice by construction).
+    own_rate = _consumer_rate(central, 1.0)
     if settings.num_workers > 0:
         # The count of workers against the step, with a core always there: the cores' share is the cores' load.
-        loads["workers"] = _consumer_rate(central, 1.0) / unhindered
-    if central.cpu_per_step > 0 and math.isfinite(consumer_rate):
-        loads["cores"] = ranks * consumer_rate * central.cpu_per_step / available
+        loads["workers"] = own_rate / unhindered
+    if central.cpu_per_step > 0 and math.isfinite(own_rate):
+        loads["cores"] = ranks * own_rate * central.cpu_per_step / available
 
     inflight = queued = ram_budget = shm_budget = None
     if facts.batch_bytes:
