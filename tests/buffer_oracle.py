@@ -77,3 +77,12 @@ def loader_waits(
         else:
             asked_at = now
     return waits, end
+
+
+def brute_force_depth(prod: Sequence[float], step: Sequence[float], workers: int, tolerance: float) -> int:
+    """The smallest prefetch depth (of 1 to 32, every one replayed) whose mean wait is within ``tolerance`` of a
+    mean step of the deepest's."""
+    steps = max(256, 4 * max(len(prod), len(step)))
+    waits = [sum(loader_waits(prod, step, workers=workers, prefetch=p, steps=steps)[0]) / steps for p in range(1, 33)]
+    allowed = waits[-1] + tolerance * sum(step) / len(step)
+    return next(p for p, w in enumerate(waits, start=1) if w <= allowed)

@@ -14,7 +14,7 @@ import math
 from statistics import fmean, pstdev
 
 import pytest
-from buffer_oracle import loader_waits
+from buffer_oracle import brute_force_depth
 
 from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
@@ -98,13 +98,7 @@ def test_the_prefetch_needed_absorbs_the_bursts_as_a_brute_force_replay_finds() 
     result = forecast(_facts(production_s=tuple(production), batch_cpu_s=0.029), WhatIf())
     workers = result.workers_needed
     assert workers >= 1 and result.prefetch_needed is not None
-    steps = 4 * len(production)
-    waits = [
-        sum(loader_waits(production, [0.020], workers=workers, prefetch=p, steps=steps)[0]) / steps
-        for p in range(1, 33)
-    ]
-    allowed = waits[-1] + PREFETCH_TOLERANCE * 0.020
-    truth = next(p for p, w in enumerate(waits, start=1) if w <= allowed)
+    truth = brute_force_depth(production, [0.020], workers, PREFETCH_TOLERANCE)
     assert abs(result.prefetch_needed - truth) <= 1, (result.prefetch_needed, truth, workers)
     # Constant batches need no depth beyond the smallest.
     assert forecast(_facts(), WhatIf(step_speedup=2.0)).prefetch_needed == 1

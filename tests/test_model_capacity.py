@@ -7,7 +7,7 @@ in the tests), never through the package's own buffer model.
 from __future__ import annotations
 
 import pytest
-from buffer_oracle import loader_waits
+from buffer_oracle import brute_force_depth, loader_waits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,20 +79,13 @@ def test_steady_producer_needs_the_smallest_depth() -> None:
     assert advice.batches_in_flight == 2
 
 
-def _brute_force_depth(prod: list[float], step: list[float], workers: int) -> int:
-    steps = max(256, 4 * max(len(prod), len(step)))
-    waits = [sum(loader_waits(prod, step, workers=workers, prefetch=p, steps=steps)[0]) / steps for p in range(1, 33)]
-    allowed = waits[-1] + PREFETCH_TOLERANCE * sum(step) / len(step)
-    return next(p for p, w in enumerate(waits, start=1) if w <= allowed)
-
-
 def test_bursts_get_a_depth_that_absorbs_them() -> None:
     # Every 15th batch takes 1.5 s, 0.05 s otherwise; two workers; a 0.1 s step. (An odd period sends the
     # slow batch to each worker in turn; with an even one it would always land on the same worker.)
     prod = [0.05] * 14 + [1.5]
     advice = recommend_prefetch(prod, [0.1], num_workers=2)
     assert advice is not None
-    assert abs(advice.prefetch_factor - _brute_force_depth(prod, [0.1], 2)) <= 1
+    assert abs(advice.prefetch_factor - brute_force_depth(prod, [0.1], 2, PREFETCH_TOLERANCE)) <= 1
     assert advice.expected_wait_s <= advice.optimum_wait_s + PREFETCH_TOLERANCE * 0.1
     shallow_waits, elapsed = loader_waits(prod, [0.1], workers=2, prefetch=1, steps=256)
     assert sum(shallow_waits) / elapsed > 0.2
@@ -111,7 +104,7 @@ def test_recommendation_matches_brute_force(prod: list[float], step: list[float]
         assert advice is None
         return
     assert advice is not None
-    assert abs(advice.prefetch_factor - _brute_force_depth(prod, step, workers)) <= 1
+    assert abs(advice.prefetch_factor - brute_force_depth(prod, step, workers, PREFETCH_TOLERANCE)) <= 1
 
 
 def test_io_waiting_workers_fit_more_than_one_per_core() -> None:
