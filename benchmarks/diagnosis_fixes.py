@@ -11,7 +11,8 @@ For each case (a pipeline built so that one constraint dominates):
    arguments) and ``diagnosis.certain``; the verdict must be one the pipeline was built to show;
 2. the stated fix is applied: the recommended settings when the diagnosis is certain; when it is not, the
    fix it states instead, ``LoadGuard(auto_tune=True)``, whose decision is applied; where the fix is a code
-   change (``recommended == {}`` with an action), the benchmark makes that change as the fix describes it;
+   change (``recommended == {}`` with an action), the benchmark makes that change as the fix describes it
+   (a collate_fn, or torch's sharing strategy set for the measured fit alone);
 3. the step rate (steps/s over whole epochs from the first batch on, later epochs' iterator start-up included,
    in a Lightning fit of the same module without LoadGuard) is measured before and after, in alternating
    rounds (before, after; then after, before), each setting's figure its median over the rounds.
@@ -153,6 +154,17 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             batch_size=8,
             code_fix={"collate_fn": collate_stacked},
         ),
+        # Two workers computing 8 ms a batch in Python, batches of two tensors, a 6 ms step that waits: taking
+        # a made batch waits for its worker's sharer thread under torch's default sharing strategy.
+        Case(
+            "transfer_bound_sharing",
+            ("transfer_bound",),
+            lambda: TimedDataset(4 * 400 * scale, sample_s=0.002, spin=True),
+            {"num_workers": 2, "persistent_workers": True},
+            lambda: TimedModule(0.006, record=False),
+            window=60,
+            code_fix={"sharing_strategy": "file_system"},
+        ),
         # Two workers at 8 ms a batch against a 60 ms step: nothing in the loader to change.
         Case(
             "compute_bound",
@@ -227,10 +239,18 @@ def step_rate(case: Case, settings: dict[str, Any], in_memory: bool = False) -> 
     """Steps/s over whole epochs of the case's Lightning fit without LoadGuard (the run the diagnosis saw,
     whose loop uses CPU beside the workers), from the first batch on: every later epoch's iterator start-up
     counts, the first one (paid by every setting alike) does not."""
-    loader = case.build(**settings)
-    data: Any = _InMemory(list(loader)) if in_memory else loader
-    watch = Stopwatch(warmup=0)
-    quiet_trainer(max_epochs=max(1, case.epochs), callbacks=[watch]).fit(case.module(), data)
+    settings = dict(settings)
+    strategy = settings.pop("sharing_strategy", None)
+    before = torch.multiprocessing.get_sharing_strategy()
+    if strategy is not None:
+        torch.multiprocessing.set_sharing_strategy(strategy)
+    try:
+        loader = case.build(**settings)
+        data: Any = _InMemory(list(loader)) if in_memory else loader
+        watch = Stopwatch(warmup=0)
+        quiet_trainer(max_epochs=max(1, case.epochs), callbacks=[watch]).fit(case.module(), data)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
     return watch.rate
 
 

@@ -147,8 +147,9 @@ def test_epoch_start_stall_recommends_persistent_workers() -> None:
     assert d.findings[0].evidence["epoch_start_s"] == pytest.approx(2.1)
 
 
-def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
-    snap = WindowSnapshot(
+def _ready_batches_taking_20_ms(**fields: object) -> WindowSnapshot:
+    """Four workers keep every batch made ahead of a 100 ms step; taking one still costs 20 ms."""
+    base = WindowSnapshot(
         wait_s=(0.02,) * 50,
         step_s=(0.1,) * 50,
         settings=LoaderSettings(num_workers=4),
@@ -156,10 +157,48 @@ def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
         ready=(True,) * 50,
         production_s=(0.1,) * 50,
     )
-    d = diagnose(snap)
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
+    d = diagnose(_ready_batches_taking_20_ms())
     assert d.verdict == "transfer_bound"
     assert d.findings[0].evidence["ready_wait_fraction"] == pytest.approx(0.02 / 0.12)
     assert d.finding("bursty") is None
+
+
+@pytest.mark.parametrize(
+    ("tensors", "strategy", "by_name"),
+    [(2, "file_descriptor", True), (None, "file_descriptor", True), (96, "file_system", False), (2, None, False)],
+)
+def test_a_costly_hand_over_names_the_sharing_strategy_where_torch_s_default_round_trips_each_tensor(
+    tensors: int | None, strategy: str | None, by_name: bool
+) -> None:
+    snap = _ready_batches_taking_20_ms(batch_tensors=tensors, sharing_strategy=strategy)
+    finding = diagnose(snap).finding("transfer_bound")
+    assert finding is not None and finding.recommended == {}
+    # The batch's format is named either way: a few tensors can still cost their unpickling.
+    assert "a few large contiguous tensors" in finding.fix, finding.fix
+    assert ("set_sharing_strategy('file_system')" in finding.fix) is by_name, finding.fix
+    assert finding.evidence.get("batch_tensors") == tensors
+    assert finding.evidence.get("sharing_strategy") == ("file_descriptor" if by_name else None)
+    if tensors is not None:
+        assert f"a batch holds {tensors} tensors" in finding.to_text()
+
+
+def test_loading_in_process_is_never_told_to_change_how_workers_share_tensors() -> None:
+    snap = WindowSnapshot(
+        wait_s=(0.02,) * 50,
+        step_s=(0.1,) * 50,
+        settings=LoaderSettings(num_workers=0),
+        host=_BIG_HOST,
+        transfer_s=(0.05,) * 50,
+        accelerator=True,
+        batch_tensors=2,
+        sharing_strategy="file_descriptor",
+    )
+    finding = diagnose(snap).finding("transfer_bound")
+    assert finding is not None and "set_sharing_strategy" not in finding.fix, finding.fix
 
 
 @pytest.mark.parametrize(("core_wait", "verdict"), [(0.0, "transfer_bound"), (0.018, "compute_bound")])

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from pipelines import SlowHandoverCollate, quiet_trainer
 from torch.utils.data import DataLoader, default_collate
 
@@ -216,6 +217,11 @@ def test_ready_batches_that_are_slow_to_hand_over_are_transfer_bound() -> None:
     share = evidence["ready_wait_fraction"]
     assert isinstance(share, float) and abs(share - _UNPICKLE_S / (_UNPICKLE_S + step_s)) < 0.1
     assert diagnosis.finding("producer_deficit") is None and diagnosis.finding("bursty") is None
+    # Each batch is an index tensor and a features tensor; the fix names the sharing strategy only where the
+    # workers hand tensors over with torch's default, which this process uses unless told otherwise.
+    assert evidence["batch_tensors"] == 2
+    by_descriptor = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    assert ("set_sharing_strategy('file_system')" in _finding(diagnosis, "transfer_bound").fix) is by_descriptor
 
 
 def test_more_spinning_workers_than_cores_oversubscribe_the_host(two_cores: int) -> None:

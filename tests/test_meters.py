@@ -529,6 +529,22 @@ def test_the_loops_wait_for_a_core_during_a_fetch_is_what_its_thread_did_not_run
     assert abs(measured - truth) < 0.15 * truth + 0.004, (measured, truth)
 
 
+def test_the_window_carries_the_batch_s_tensor_count_and_the_process_s_sharing_strategy() -> None:
+    monitor = LoaderMonitor(window=8)
+    batch = {"image": torch.zeros(4, 3), "labels": [torch.zeros(4), torch.zeros(4)], "name": ["a"] * 4}
+    monitor.measure_batch(batch)
+    before = torch.multiprocessing.get_sharing_strategy()
+    other = next(s for s in sorted(torch.multiprocessing.get_all_sharing_strategies()) if s != before)
+    try:
+        torch.multiprocessing.set_sharing_strategy(other)
+        snap = monitor.snapshot()
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+    assert snap.batch_tensors == 3
+    assert snap.batch_bytes == (12 + 4 + 4) * 4
+    assert snap.sharing_strategy == other
+
+
 def _spin_on(cpu: int) -> None:
     os.sched_setaffinity(0, {cpu})
     while True:

@@ -29,7 +29,13 @@ from typing import Any
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
-from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_nbytes, host_facts
+from lightning_loadguard.meters.host import (
+    MEMORY_REREAD_S,
+    batch_nbytes,
+    batch_tensor_count,
+    host_facts,
+    sharing_strategy,
+)
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
@@ -114,6 +120,7 @@ class LoaderMonitor:
         self.producer_instrumented = False
         """Whether production is metered inside the loader (else only the loop's side is)."""
         self.batch_bytes: int | None = None
+        self.batch_tensors: int | None = None
         """Bytes of the latest measured batch in host memory."""
         self.processes_on_host = 1
         """Training processes on this host (known once the ranks' figures were combined)."""
@@ -187,6 +194,7 @@ class LoaderMonitor:
         size = batch_nbytes(batch)
         if size:
             self.batch_bytes = size
+            self.batch_tensors = batch_tensor_count(batch)
 
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
@@ -333,6 +341,8 @@ class LoaderMonitor:
             producer_rate=producer.capacity() if metered and since is None else None,
             epoch_start_s=tuple(self._epoch_start_s),
             batch_bytes=self.batch_bytes,
+            batch_tensors=self.batch_tensors,
+            sharing_strategy=sharing_strategy(),
             producer_instrumented=metered,
             batches_made=made if metered else None,
             device_step_s=tuple(r.step_s for r in device),

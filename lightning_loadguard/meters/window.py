@@ -68,6 +68,9 @@ class WindowSnapshot:
         producer_rate: sustainable batches/s of all workers together, or ``None`` if unmeasured.
         epoch_start_s: the iterator start-up time (worker launch) of recent epochs.
         batch_bytes: size of one batch in host memory, or ``None``.
+        batch_tensors: tensors in one batch (each crosses from a worker on its own), or ``None``.
+        sharing_strategy: how workers hand tensors to this process (``torch.multiprocessing``'s sharing
+            strategy: ``"file_descriptor"``, ``"file_system"``), or ``None`` where not read.
         rank_wait_fractions: under DDP, every rank's wait fraction (index = global rank).
         inflight_host_bytes: in-flight batch bytes summed over this host's training processes.
         device_step_s: on an accelerator, per step, the step's time on the device's own clock (from the
@@ -97,6 +100,8 @@ class WindowSnapshot:
     producer_rate: float | None = None
     epoch_start_s: tuple[float, ...] = ()
     batch_bytes: int | None = None
+    batch_tensors: int | None = None
+    sharing_strategy: str | None = None
     rank_wait_fractions: tuple[float, ...] = ()
     inflight_host_bytes: int | None = None
     producer_instrumented: bool = True

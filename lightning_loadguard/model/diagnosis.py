@@ -515,6 +515,11 @@ def _transfer(facts: _Facts) -> Finding | None:
         evidence["ready_fetch_s"] = fmean(ready) * (facts.ready_wait_fraction / total if total > 0 else 1.0)
     if facts.ready_core_wait_fraction > 0:
         evidence["ready_core_wait_fraction"] = facts.ready_core_wait_fraction
+    if snap.batch_tensors is not None:
+        evidence["batch_tensors"] = snap.batch_tensors
+    by_descriptor = handover and facts.workers > 0 and snap.sharing_strategy == "file_descriptor"
+    if by_descriptor:
+        evidence["sharing_strategy"] = "file_descriptor"
     actions = []
     if handover:
         actions.append(
@@ -526,6 +531,14 @@ def _transfer(facts: _Facts) -> Finding | None:
                 else ", stacked in the workers' collate_fn"
             )
         )
+        if by_descriptor:
+            actions.append(
+                "torch.multiprocessing.set_sharing_strategy('file_system') at the start of the script, before "
+                "the loader starts its workers: each tensor then reaches the loop by its file's name, without "
+                "the round trip to its worker that torch's default (file_descriptor) makes per tensor, which "
+                "waits while that worker's Python makes the next batch (a process killed outright may leave "
+                "its files in /dev/shm until torch's shared-memory manager removes them)"
+            )
     recommended: dict[str, bool] = {}
     if copy:
         pin = "" if snap.settings.pin_memory else "pin_memory=True and "

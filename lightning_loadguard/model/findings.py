@@ -56,6 +56,7 @@ _EVIDENCE_WORDS: dict[str, tuple[str, Any]] = {
     "worker_time_s": ("one batch takes a worker", _MS[1]),
     "deficit_per_batch_s": ("the wait per batch tends to", _MS[1]),
     "ready_fetch_s": ("taking a ready batch costs", _MS[1]),
+    "batch_tensors": ("a batch holds", lambda v: f"{v:.0f} tensors"),
     "ready_core_wait_fraction": (
         "waiting for a core while taking ready batches (not counted)",
         lambda v: f"{v:.1%} of loop time",
