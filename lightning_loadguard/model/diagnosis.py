@@ -454,10 +454,21 @@ def _bursty(facts: _Facts) -> Finding | None:
             certain, caveat = _more_workers_certain(facts, 1.0 / (facts.mean_step_s + extra.expected_wait_s))
             fix += caveat
     note = _memory_note(facts, evidence)
-    if note and "recommended_prefetch_factor" in evidence and "max_batches_in_flight" in evidence:
-        # Memory is a wall: the depth it allows replaces the one the replay asked for.
-        most = int(evidence["max_batches_in_flight"]) // max(1, facts.workers)
-        recommended = {"prefetch_factor": most} if most >= 1 else {"num_workers": max(1, most)}
+    if note and recommended and "max_batches_in_flight" in evidence:
+        # Memory is a wall: the depth it allows replaces the one the replay asked for, and the replay's gain,
+        # found for the deeper buffer, no longer vouches for it.
+        capped = _within_memory(int(evidence["max_batches_in_flight"]), facts.workers)
+        if capped != recommended:
+            depth = capped.get("prefetch_factor", 0)
+            if "num_workers" in capped or depth <= facts.prefetch:
+                capped, certain = ({}, True) if "num_workers" not in capped else (capped, False)
+            elif facts.production_s:
+                wait = cap.replayed_wait(facts.production_s, facts.step_s, facts.workers, depth)
+                certain, caveat = _beats_noise(facts, (1.0 - wait) / facts.mean_step_s)
+                fix += caveat
+            else:
+                certain = False
+            recommended = capped
     fix += note
     summary = (
         f"Bursts: the loader keeps up on average (headroom {facts.capacity / facts.consumer_rate:.3g}x) but "
@@ -672,13 +683,24 @@ def _memory(facts: _Facts) -> Finding | None:
     limit = evidence.get("max_batches_in_flight")
     recommended: dict[str, int] = {}
     if isinstance(limit, int) and facts.workers > 0:
-        most = limit // facts.workers
-        recommended = {"prefetch_factor": most} if most >= 1 else {"num_workers": max(1, limit)}
+        recommended = _within_memory(limit, facts.workers)
     summary = (
         f"Memory risk: {inflight / 2**30:.3g} GiB of batches in flight across the host's processes "
         f"({', '.join(f'{v:.0%} of {_BUDGET_NAMES[k]}' for k, v in shares.items())})."
     )
     return Finding("memory_risk", min(1.0, max(shares.values())), evidence, fix, summary, recommended)
+
+
+def _within_memory(limit: int, workers: int) -> dict[str, int]:
+    """The loader settings that keep at most ``limit`` batches in flight: the deepest prefetch for ``workers``,
+    else as many workers as batches, one each.
+
+    Example:
+        >>> _within_memory(10, 4), _within_memory(3, 4)
+        ({'prefetch_factor': 2}, {'num_workers': 3, 'prefetch_factor': 1})
+    """
+    most = limit // workers
+    return {"prefetch_factor": most} if most >= 1 else {"num_workers": max(1, limit), "prefetch_factor": 1}
 
 
 def _fits_memory(facts: _Facts, batches_in_flight: int) -> bool:
@@ -702,7 +724,10 @@ def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> 
     most = limit // facts.workers
     if most >= 1:
         return f" Memory allows at most prefetch_factor={most} with {_plural(facts.workers, 'worker')}."
-    return f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)}."
+    return (
+        f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)} with "
+        "prefetch_factor=1."
+    )
 
 
 def _loop_overhead(snap: WindowSnapshot) -> Finding | None:
