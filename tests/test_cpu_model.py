@@ -18,6 +18,8 @@ from lightning_loadguard.meters.cpu import (
     usable_cores,
     usable_cpu_count,
 )
+from lightning_loadguard.meters.ranks import figure_row, figures_by_name, rank_figures, summarise
+from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 
 
 def _cgroup(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[str, str]:
@@ -83,6 +85,21 @@ def test_usable_cores_is_the_affinity_mask_narrowed_by_the_quota(tmp_path: Path)
     assert usable_cpu_count(root, proc) == max(1, cpus // 2)
     wide, proc2 = _cgroup(tmp_path / "w", "0::/\n", {"cpu.max": f"{cpus * 4 * 100000} 100000\n"})
     assert usable_cores(wide, proc2) == cpus  # a quota above the mask does not add cores
+
+
+def test_the_hosts_cores_are_the_most_any_of_its_ranks_may_use() -> None:
+    # Three ranks on host 1 whose masks and quotas leave them 2, 6 and 3 cores; one rank on host 2 with 16.
+    ranks = [(1.0, 2), (1.0, 6), (1.0, 3), (2.0, 16)]
+    rows = [
+        figure_row(
+            rank_figures(WindowSnapshot(wait_s=(0.0,), step_s=(0.1,), host=HostFacts(cpu_count=cores)), host_key=key)
+        )
+        for key, cores in ranks
+    ]
+    gathered = figures_by_name(rows)
+    for rank in range(3):
+        assert summarise(gathered, this_rank=rank).metrics["loadguard/host_cores"] == 6
+    assert summarise(gathered, this_rank=3).metrics["loadguard/host_cores"] == 16
 
 
 def test_spare_cores_take_the_tighter_of_quota_and_host() -> None:

@@ -6,11 +6,12 @@ import dataclasses
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lightning_loadguard import LoadGuard
-from lightning_loadguard.dashboard import METRICS
+from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
 from lightning_loadguard.model import VERDICTS
 from lightning_loadguard.tuning.options import TuneOptions
 
@@ -25,6 +26,18 @@ def test_every_metric_is_in_the_reference() -> None:
     rows = re.findall(r"^\| `(loadguard/\w+)` \| ([^|]+) \|", _text("metrics.md"), flags=re.M)
     assert [name for name, _ in rows] == list(METRICS)
     assert all(unit.strip() for _, unit in rows)
+
+
+def test_the_dashboards_documented_charts_are_the_layouts() -> None:
+    section = _text("metrics.md").split("## The TensorBoard dashboard", 1)[1].split("\n## ", 1)[0]
+    documented = {
+        title: re.findall(r"`(loadguard/\w+)`", metrics)
+        for title, metrics in re.findall(r"^- \*\*(.+?)\*\*: (.+)$", section, flags=re.M)
+    }
+    layout = {title: chart[1] for title, chart in custom_scalars_layout()["LoadGuard"].items()}
+    assert len(documented) >= 10
+    assert set(documented) - set(layout) == set() and set(layout) - set(documented) == set()
+    assert documented == layout
 
 
 def test_every_verdict_is_in_the_catalogue() -> None:
@@ -90,6 +103,29 @@ def test_the_readmes_metric_table_names_logged_metrics_and_points_to_the_rest() 
     patterns = set(re.findall(r"`(loadguard/[\w*]*\*[\w*]*)`", text))
     missing = [name for name in METRICS if name not in in_table and not any(fnmatch(name, p) for p in patterns)]
     assert missing == [], f"README neither lists nor names by a pattern: {missing}"
+
+
+def test_the_readmes_first_snippet_prints_a_documented_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's opening snippet as written, its default Trainer cut to a few steps of a tiny module."""
+    import lightning.pytorch
+
+    from lightning_loadguard.synthetic import TimedDataset, TimedModule
+
+    snippet = _code_blocks(README.read_text())[0]
+    assert "print(trainer.callbacks[0].diagnosis.verdict)" in snippet
+
+    class ShortTrainer(lightning.pytorch.Trainer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(max_steps=24, accelerator="cpu", devices=1, **kwargs)
+
+    monkeypatch.setattr(lightning.pytorch, "Trainer", ShortTrainer)
+    monkeypatch.chdir(tmp_path)
+    datamodule = lightning.pytorch.LightningDataModule.from_datasets(TimedDataset(96), batch_size=4)
+    exec(snippet, {"model": TimedModule(), "datamodule": datamodule})
+    printed = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert printed in VERDICTS, printed
 
 
 def _extras_with(package: str) -> set[str]:
