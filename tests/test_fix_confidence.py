@@ -297,3 +297,12 @@ def test_bursts_depth_cannot_absorb_recommend_the_fewest_workers_that_do_and_the
     assert d.verdict == "bursty" and d.recommended == expected
     # More workers rest on the cores, whose use was not measured here: a hypothesis.
     assert d.certain is False and "not measured" in d.findings[0].fix
+    # Memory for fewer batches than those workers at that depth (half the RAM holds 10 MB batches, one fewer
+    # than they need): the same workers at the depth it allows.
+    workers, depth = expected["num_workers"], expected["prefetch_factor"]
+    assert depth > 1
+    ram = 2 * 10_000_000 * (workers * depth - 1)
+    host = HostFacts(cpu_count=32, available_ram_bytes=ram, shm_free_bytes=10**12)
+    capped = diagnose(_bursty([0.05] * 15 + [1.5], steps=160, host=host, batch_bytes=10_000_000)).finding("bursty")
+    assert capped is not None and capped.certain is False, capped.fix
+    assert capped.recommended == {"num_workers": workers, "prefetch_factor": (workers * depth - 1) // workers}

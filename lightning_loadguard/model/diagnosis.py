@@ -454,21 +454,25 @@ def _bursty(facts: _Facts) -> Finding | None:
             certain, caveat = _more_workers_certain(facts, 1.0 / (facts.mean_step_s + extra.expected_wait_s))
             fix += caveat
     note = _memory_note(facts, evidence)
-    if note and recommended and "max_batches_in_flight" in evidence:
-        # Memory is a wall: the depth it allows replaces the one the replay asked for, and the replay's gain,
-        # found for the deeper buffer, no longer vouches for it.
-        capped = _within_memory(int(evidence["max_batches_in_flight"]), facts.workers)
-        if capped != recommended:
-            depth = capped.get("prefetch_factor", 0)
-            if "num_workers" in capped or depth <= facts.prefetch:
-                capped, certain = ({}, True) if "num_workers" not in capped else (capped, False)
-            elif facts.production_s:
-                wait = cap.replayed_wait(facts.production_s, facts.step_s, facts.workers, depth)
-                certain, caveat = _beats_noise(facts, (1.0 - wait) / facts.mean_step_s)
-                fix += caveat
-            else:
-                certain = False
-            recommended = capped
+    limit = _batches_memory_holds(facts)
+    workers = recommended.get("num_workers", facts.workers)
+    if recommended and limit is not None and workers * recommended.get("prefetch_factor", facts.prefetch) > limit:
+        # Memory is a wall: what it allows replaces what the replay asked for, whose gain, found for the deeper
+        # buffer, no longer vouches for it.
+        recommended = _within_memory(limit, workers)
+        if workers != facts.workers and "num_workers" not in recommended:
+            recommended = {"num_workers": workers, **recommended}
+        depth = recommended.get("prefetch_factor", 0)
+        if "num_workers" not in recommended and depth <= facts.prefetch:
+            recommended = {}
+        elif "num_workers" in recommended or workers != facts.workers or not facts.production_s:
+            certain = False
+        else:
+            wait = cap.replayed_wait(facts.production_s, facts.step_s, workers, depth)
+            certain, caveat = _beats_noise(facts, (1.0 - wait) / facts.mean_step_s)
+            fix += caveat
+        if not note:
+            note = f" Memory holds at most {limit} batches in flight per process: {_describe_settings(recommended)}."
     fix += note
     summary = (
         f"Bursts: the loader keeps up on average (headroom {facts.capacity / facts.consumer_rate:.3g}x) but "
@@ -691,6 +695,17 @@ def _memory(facts: _Facts) -> Finding | None:
     return Finding("memory_risk", min(1.0, max(shares.values())), evidence, fix, summary, recommended)
 
 
+def _batches_memory_holds(facts: _Facts) -> int | None:
+    """Batches in flight per process the host's memory holds (``None``: unknown, or loading in process)."""
+    if facts.snap.batch_bytes is None or facts.workers == 0:
+        return None
+    return hb.max_batches_in_flight(facts.snap.batch_bytes, facts.snap.host)
+
+
+def _describe_settings(settings: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "your settings"
+
+
 def _within_memory(limit: int, workers: int) -> dict[str, int]:
     """The loader settings that keep at most ``limit`` batches in flight: the deepest prefetch for ``workers``,
     else as many workers as batches, one each.
@@ -711,10 +726,7 @@ def _fits_memory(facts: _Facts, batches_in_flight: int) -> bool:
 
 
 def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> str:
-    batch_bytes = facts.snap.batch_bytes
-    if batch_bytes is None or facts.workers == 0:
-        return ""
-    limit = hb.max_batches_in_flight(batch_bytes, facts.snap.host)
+    limit = _batches_memory_holds(facts)
     if limit is None:
         return ""
     wanted = evidence.get("recommended_prefetch_factor", facts.prefetch)
