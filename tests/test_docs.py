@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import re
@@ -266,3 +267,63 @@ def test_every_test_the_docs_name_exists() -> None:
                     missing.append(f"{page.name}: {token} (in {current.name})")
     assert named > 50, named
     assert not missing, missing
+
+
+# Standard-library names newer than Python 3.10 (3.11 and 3.12), by module.
+_NEWER_THAN_3_10 = {
+    "tomllib": None,
+    "typing": {
+        "Self",
+        "LiteralString",
+        "Never",
+        "assert_never",
+        "assert_type",
+        "reveal_type",
+        "Required",
+        "NotRequired",
+        "TypeVarTuple",
+        "Unpack",
+        "dataclass_transform",
+        "override",
+        "TypeAliasType",
+    },
+    "enum": {"StrEnum", "verify", "EnumCheck", "ReprEnum", "member", "nonmember", "global_enum"},
+    "datetime": {"UTC"},
+    "asyncio": {"TaskGroup", "timeout", "timeout_at", "Runner"},
+    "contextlib": {"chdir"},
+    "hashlib": {"file_digest"},
+    "operator": {"call"},
+    "itertools": {"batched"},
+    "math": {"cbrt", "exp2"},
+}
+
+
+def test_the_package_is_python_3_10_as_pyproject_and_readme_say() -> None:
+    """No syntax and no standard-library name newer than 3.10 (the grammar as 3.10 parses it; names by a list of
+    what 3.11 and 3.12 added to the modules a package like this one uses)."""
+    root = DOCS.parent
+    assert re.search(r'^requires-python = ">=3\.10"$', (root / "pyproject.toml").read_text(), flags=re.M)
+    assert "Python 3.10+" in (root / "README.md").read_text()
+    newer = []
+    for path in sorted((root / "lightning_loadguard").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                newer += [f"{path.name}: {a.name}" for a in node.names if _NEWER_THAN_3_10.get(a.name, ...) is None]
+            elif isinstance(node, ast.ImportFrom) and node.module in _NEWER_THAN_3_10:
+                names = _NEWER_THAN_3_10[node.module]
+                found = [a.name for a in node.names if names is None or a.name in names]
+                newer += [f"{path.name}: {node.module}.{name}" for name in found]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                names = _NEWER_THAN_3_10.get(node.value.id)
+                if names is not None and node.attr in names:
+                    newer.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert newer == []
+
+
+def test_the_readme_names_every_benchmark_script() -> None:
+    root = DOCS.parent
+    section = (root / "README.md").read_text().split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    scripts = [p.name for p in sorted((root / "benchmarks").glob("*.py")) if "__main__" in p.read_text()]
+    assert len(scripts) >= 10
+    assert [name for name in scripts if f"`{name}`" not in section] == []
