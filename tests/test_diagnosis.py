@@ -184,6 +184,9 @@ def test_a_costly_hand_over_names_the_sharing_strategy_where_torch_s_default_rou
     assert finding.evidence.get("sharing_strategy") == ("file_descriptor" if by_name else None)
     if tensors is not None:
         assert f"a batch holds {tensors} tensors" in finding.to_text()
+        # A batch of another shape is the same finding (the text is logged again only where the finding changes).
+        other = diagnose(replace(snap, batch_tensors=tensors + 1)).finding("transfer_bound")
+        assert other is not None and other.key() == finding.key()
 
 
 def test_loading_in_process_is_never_told_to_change_how_workers_share_tensors() -> None:

@@ -120,8 +120,9 @@ class LoaderMonitor:
         self.producer_instrumented = False
         """Whether production is metered inside the loader (else only the loop's side is)."""
         self.batch_bytes: int | None = None
-        self.batch_tensors: int | None = None
         """Bytes of the latest measured batch in host memory."""
+        self.batch_tensors: int | None = None
+        """Tensors in the latest measured batch."""
         self.processes_on_host = 1
         """Training processes on this host (known once the ranks' figures were combined)."""
         self.on_settings_changed: Callable[[LoaderSettings], None] | None = None

@@ -531,7 +531,9 @@ def _transfer(facts: _Facts) -> Finding | None:
     if facts.ready_core_wait_fraction > 0:
         evidence["ready_core_wait_fraction"] = facts.ready_core_wait_fraction
     if snap.batch_tensors is not None:
-        evidence["batch_tensors"] = snap.batch_tensors
+        # A measurement, not a setting: a float stays out of the finding's key, which a batch of another shape
+        # would otherwise change.
+        evidence["batch_tensors"] = float(snap.batch_tensors)
     by_descriptor = handover and facts.workers > 0 and snap.sharing_strategy == "file_descriptor"
     if by_descriptor:
         evidence["sharing_strategy"] = "file_descriptor"
