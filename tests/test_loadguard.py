@@ -201,10 +201,10 @@ def test_what_cannot_be_instrumented_is_measured_from_the_consumer(make_loader: 
 def test_a_failing_meter_is_reported_once_and_training_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     import lightning_loadguard.meters.monitor as monitor_module
 
-    def broken(batch: Any) -> int:
+    def broken(batch: Any) -> tuple[int, int]:
         raise RuntimeError("cannot size this batch")
 
-    monkeypatch.setattr(monitor_module, "batch_nbytes", broken)
+    monkeypatch.setattr(monitor_module, "batch_layout", broken)
     guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
     module = TimedModule()
     with warnings.catch_warnings(record=True) as caught:
@@ -260,10 +260,10 @@ def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
 def test_warnings_read_as_sentences_without_internal_file_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     import lightning_loadguard.meters.monitor as monitor_module
 
-    def broken(batch: Any) -> int:
+    def broken(batch: Any) -> tuple[int, int]:
         raise RuntimeError("cannot size this batch")
 
-    monkeypatch.setattr(monitor_module, "batch_nbytes", broken)
+    monkeypatch.setattr(monitor_module, "batch_layout", broken)
     guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

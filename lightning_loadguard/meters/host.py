@@ -115,12 +115,13 @@ def host_key(environ: Mapping[str, str] | None = None) -> int:
     return int.from_bytes(digest, "big") & (2**52 - 1)
 
 
-def batch_nbytes(batch: Any) -> int:
-    """Bytes of all tensors (and numpy arrays) in a batch of any nesting.
+def batch_layout(batch: Any) -> tuple[int, int]:
+    """Bytes of all tensors (and numpy arrays) in a batch of any nesting, and how many tensors it holds: each
+    crosses from a worker to the loop as a storage of its own in shared memory, at a cost per tensor.
 
     Example:
-        >>> batch_nbytes({"x": torch.zeros(4, 3), "y": [torch.zeros(4, dtype=torch.int64)]})
-        80
+        >>> batch_layout({"x": torch.zeros(4, 3), "y": [torch.zeros(4, dtype=torch.int64), torch.zeros(2)]})
+        (88, 3)
     """
     sizes: list[int] = []
 
@@ -129,32 +130,24 @@ def batch_nbytes(batch: Any) -> int:
         return tensor
 
     apply_to_collection(batch, torch.Tensor, count)
+    tensors = len(sizes)
     try:
         import numpy as np
 
         apply_to_collection(batch, np.ndarray, lambda array: sizes.append(int(array.nbytes)))
     except ImportError:
         pass
-    return sum(sizes)
+    return sum(sizes), tensors
 
 
-def batch_tensor_count(batch: Any) -> int:
-    """Tensors in a batch of any nesting: each crosses from a worker to the loop as a storage of its own in
-    shared memory, at a cost per tensor.
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of all tensors (and numpy arrays) in a batch of any nesting.
 
     Example:
-        >>> batch_tensor_count({"x": torch.zeros(4, 3), "y": [torch.zeros(4), torch.zeros(4)]})
-        3
+        >>> batch_nbytes({"x": torch.zeros(4, 3), "y": [torch.zeros(4, dtype=torch.int64)]})
+        80
     """
-    count = 0
-
-    def one(tensor: Any) -> Any:
-        nonlocal count
-        count += 1
-        return tensor
-
-    apply_to_collection(batch, torch.Tensor, one)
-    return count
+    return batch_layout(batch)[0]
 
 
 def sharing_strategy() -> str:

@@ -29,13 +29,7 @@ from typing import Any
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
-from lightning_loadguard.meters.host import (
-    MEMORY_REREAD_S,
-    batch_nbytes,
-    batch_tensor_count,
-    host_facts,
-    sharing_strategy,
-)
+from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_layout, host_facts, sharing_strategy
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
 from lightning_loadguard.meters.producer import SAMPLE_INTERVAL_S, ProducerMeter
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
@@ -192,10 +186,9 @@ class LoaderMonitor:
 
     def measure_batch(self, batch: Any) -> None:
         """Size a batch in host memory (for the memory budget)."""
-        size = batch_nbytes(batch)
+        size, tensors = batch_layout(batch)
         if size:
-            self.batch_bytes = size
-            self.batch_tensors = batch_tensor_count(batch)
+            self.batch_bytes, self.batch_tensors = size, tensors
 
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)

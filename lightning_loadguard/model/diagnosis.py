@@ -472,7 +472,7 @@ def _bursty(facts: _Facts) -> Finding | None:
             certain, caveat = _beats_noise(facts, (1.0 - wait) / facts.mean_step_s)
             fix += caveat
         if not note:
-            note = f" Memory holds at most {limit} batches in flight per process: {_describe_settings(recommended)}."
+            note = _memory_sentence(limit, workers)
     fix += note
     summary = (
         f"Bursts: the loader keeps up on average (headroom {facts.capacity / facts.consumer_rate:.3g}x) but "
@@ -704,10 +704,6 @@ def _batches_memory_holds(facts: _Facts) -> int | None:
     return hb.max_batches_in_flight(facts.snap.batch_bytes, facts.snap.host)
 
 
-def _describe_settings(settings: dict[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "your settings"
-
-
 def _within_memory(limit: int, workers: int) -> dict[str, int]:
     """The loader settings that keep at most ``limit`` batches in flight: the deepest prefetch for ``workers``,
     else as many workers as batches, one each.
@@ -735,13 +731,18 @@ def _memory_note(facts: _Facts, evidence: Evidence, *, always: bool = False) -> 
     if not always and isinstance(wanted, int) and facts.workers * wanted <= limit:
         return ""
     evidence["max_batches_in_flight"] = limit
-    most = limit // facts.workers
-    if most >= 1:
-        return f" Memory allows at most prefetch_factor={most} with {_plural(facts.workers, 'worker')}."
-    return (
-        f" Memory allows at most {limit} batches in flight per process: num_workers={max(1, limit)} with "
-        "prefetch_factor=1."
-    )
+    return _memory_sentence(limit, facts.workers)
+
+
+def _memory_sentence(limit: int, workers: int) -> str:
+    """What :func:`_within_memory` allows ``workers``, in words."""
+    allowed = _within_memory(limit, workers)
+    if "num_workers" in allowed:
+        return (
+            f" Memory allows at most {limit} batches in flight per process: num_workers={allowed['num_workers']} "
+            "with prefetch_factor=1."
+        )
+    return f" Memory allows at most prefetch_factor={allowed['prefetch_factor']} with {_plural(workers, 'worker')}."
 
 
 def _loop_overhead(snap: WindowSnapshot) -> Finding | None:
