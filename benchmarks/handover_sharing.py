@@ -11,7 +11,7 @@ in each round.
 
 Table 2. The ``cpu_transforms`` pipeline of ``tune_pipelines.py`` (8 ms of Python CPU work a batch, a 6 ms
 step that waits) in Lightning fits at 2 and 3 workers under each strategy, in turns: steps per second after a
-warm-up, and the host's idle cores over the same steps (``/proc/stat``).
+warm-up, and the idle cores of the CPUs this process may use over the fit.
 
 With ``file_descriptor`` (torch's default on Linux) each tensor's descriptor comes back from the worker's
 sharer thread, a Python thread that must take its process's interpreter lock from the thread making the next
@@ -41,6 +41,7 @@ from pipelines import quiet_trainer
 from tune_pipelines import loader, pipelines
 from workloads import Stopwatch, fed_length
 
+from lightning_loadguard.meters.cpu import _busy_seconds, affinity_cpus
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.report import render_table
 from lightning_loadguard.synthetic import _burn_cpu
@@ -90,9 +91,11 @@ def _takes(strategy: str, spin: bool, takes: int, seed: int) -> dict[str, list[f
     return out
 
 
-def _host_idle() -> tuple[int, int]:
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    return fields[3] + fields[4], sum(fields)
+def _busy_clock() -> tuple[float, float]:
+    """Now, and the CPU seconds this process's CPUs have spent not idle (LoadGuard's own reading)."""
+    busy = _busy_seconds(affinity_cpus())
+    assert busy is not None, "the host's CPU times cannot be read here"
+    return time.perf_counter(), busy
 
 
 def _fit_rate(strategy: str, workers: int, steps: int) -> tuple[float, float]:
@@ -104,12 +107,11 @@ def _fit_rate(strategy: str, workers: int, steps: int) -> tuple[float, float]:
     warmup = 20 + 2 * settings.batches_in_flight
     fed = loader(pipeline, fed_length(steps + warmup, settings), workers, 2)
     watch = Stopwatch(warmup)
-    before = _host_idle()
+    before = _busy_clock()
     quiet_trainer(max_steps=steps + warmup, callbacks=[watch]).fit(pipeline.module(), fed)
-    after = _host_idle()
+    after = _busy_clock()
     # The fit's own start-up is in the host's figure too: idle cores is a bound on the steady part's.
-    cores = multiprocessing.cpu_count()
-    return watch.rate, (after[0] - before[0]) / max(1, after[1] - before[1]) * cores
+    return watch.rate, len(affinity_cpus()) - (after[1] - before[1]) / (after[0] - before[0])
 
 
 def _ms(values: list[float]) -> str:
