@@ -1,8 +1,10 @@
 """Small pipelines on the data libraries people train with, built on local files a test writes.
 
 Hugging Face ``datasets`` (a map-style Arrow table with ``with_format("torch")``, and a streaming
-``IterableDataset`` over local Parquet files), WebDataset (tar shards) and litdata (``optimize`` to a local
-directory, read with ``StreamingDataset`` + ``StreamingDataLoader``). Each is used as its documentation shows;
+``IterableDataset`` over local Parquet files), WebDataset (tar shards), litdata (``optimize`` to a local
+directory, read with ``StreamingDataset`` + ``StreamingDataLoader``) and torchvision (an ``ImageFolder`` of JPEG
+files decoded with ``torchvision.io.decode_jpeg`` and augmented with ``transforms.v2``). Each is used as its
+documentation shows;
 the only addition is the dataset's own clock: every sample passes through a transform of known CPU cost that
 stamps when it started and finished (``perf_counter``, comparable across processes), and the collate stamps the
 batch's end, so a batch is ``[indices, features, stamps, collated]`` as :class:`pipelines.ClockedModule` reads it.
@@ -26,7 +28,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FEATURES = 16
 SHARDS = 4
-LIBRARIES = ("hf_map", "hf_stream", "webdataset", "litdata")
+LIBRARIES = ("hf_map", "hf_stream", "webdataset", "litdata", "torchvision")
+MAP_STYLE = ("hf_map", "torchvision")
+"""The libraries whose dataset is map-style: the tuner probes and switches them mid-epoch like any ``Dataset``."""
+IMAGE_SIDE = 4
+"""The augmented image is a ``IMAGE_SIDE`` x ``IMAGE_SIDE`` grey crop: ``FEATURES`` values."""
 
 
 class SampleClock:
@@ -179,6 +185,58 @@ def _clocked_streaming_dataset() -> type:
     return ClockedStreamingDataset
 
 
+def write_jpegs(root: Path, n: int) -> str:
+    """An ``ImageFolder`` tree of ``n`` JPEG files, one class a shard: sorted, sample ``i`` is the ``i``-th file."""
+    from torchvision.io import encode_jpeg, write_file
+
+    if not (root / "done").exists():
+        generator = torch.Generator().manual_seed(0)
+        for shard, indices in enumerate(_shard_ranges(n)):
+            folder = root / f"class_{shard}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in indices:
+                pixels = torch.randint(0, 256, (3, 24, 32), dtype=torch.uint8, generator=generator)
+                write_file(str(folder / f"{i:06d}.jpg"), encode_jpeg(pixels, quality=90))
+        (root / "done").touch()
+    return str(root)
+
+
+def read_jpeg(path: str) -> torch.Tensor:
+    """``ImageFolder``'s loader: the file's bytes decoded by ``torchvision.io.decode_jpeg`` (uint8, C x H x W)."""
+    from torchvision.io import decode_jpeg, read_file
+
+    return decode_jpeg(read_file(path))
+
+
+def augmentations() -> Any:
+    """A training-time ``transforms.v2`` pipeline: random crop and flip, drawn from torch's random stream."""
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(IMAGE_SIDE, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.Grayscale(),
+            v2.ToDtype(torch.float32, scale=True),
+        ]
+    )
+
+
+class ClockedImages(torch.utils.data.Dataset):
+    """An ``ImageFolder`` (decoded and augmented as above) whose samples pass through the clock with their index."""
+
+    def __init__(self, folder: Any, clock: SampleClock) -> None:
+        self.folder = folder
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image, _ = self.folder[index]
+        return self.clock(index, image.flatten())
+
+
 def build_loader(
     library: str,
     root: Path,
@@ -223,12 +281,23 @@ def build_loader(
         directory = write_litdata(root / "litdata", n)
         dataset = _clocked_streaming_dataset()(directory, shuffle=shuffle, seed=0, clock=clock)
         return litdata.StreamingDataLoader(dataset, collate_fn=clocked_collate, **settings)
+    if library == "torchvision":
+        from torchvision.datasets import ImageFolder
+
+        folder = ImageFolder(write_jpegs(root / f"images-{n}", n), loader=read_jpeg, transform=augmentations())
+        return DataLoader(ClockedImages(folder, clock), shuffle=shuffle, collate_fn=clocked_collate, **settings)
     raise ValueError(f"library must be one of {LIBRARIES}, got {library!r}")
 
 
 def installed(library: str) -> bool:
     """Whether the package ``library`` needs is installed here (found, not imported)."""
-    module = {"hf_map": "datasets", "hf_stream": "datasets", "webdataset": "webdataset", "litdata": "litdata"}
+    module = {
+        "hf_map": "datasets",
+        "hf_stream": "datasets",
+        "webdataset": "webdataset",
+        "litdata": "litdata",
+        "torchvision": "torchvision",
+    }
     return importlib.util.find_spec(module[library]) is not None
 
 

@@ -226,7 +226,7 @@ def test_the_loaders_table_names_tests_that_exist() -> None:
     names = {n.split("[")[0] for row in rows for n in re.findall(r"`([a-z_]+(?:\[[a-z_]+\])?)`", row)}
     named = {n for n in names if f"def test_{n}(" in tests}
     assert len(named) >= 10, named
-    words = {"with_format", "split_by_worker", "state_dict", "num_workers"}
+    words = {"with_format", "split_by_worker", "state_dict", "num_workers", "decode_jpeg", "keep_random_draws"}
     unknown = {n for n in names - named if "_" in n and n not in words}
     assert not unknown, f"docs/loaders.md names tests that do not exist: {sorted(unknown)}"
 

@@ -20,7 +20,7 @@ def _run(name: str, *args: str, cwd: Path) -> str:
 
 def test_every_example_is_tested() -> None:
     tested = {"quick_start.py", "image_pipeline.py", "ddp.py", "auto_tune.py", "exact_resume.py"}
-    tested |= {"hf_datasets_loader.py", "webdataset_loader.py", "litdata_loader.py"}
+    tested |= {"hf_datasets_loader.py", "webdataset_loader.py", "litdata_loader.py", "torchvision_loader.py"}
     shared = {"_loader_example.py"}  # the loader examples' common part, run by each of their tests
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested | shared
 
@@ -64,6 +64,7 @@ def test_exact_resume_loses_nothing_with_the_mixin(tmp_path: Path) -> None:
 
 
 def _needs(library: str) -> pytest.MarkDecorator:
+    # torchvision is not in the loaders extra: CI runs its tests in a second environment (docs/loaders.md).
     return pytest.mark.skipif(not installed(library), reason=f"{library} is not installed (the loaders extra)")
 
 
@@ -89,3 +90,9 @@ def test_litdata_example_keeps_the_workers_and_says_why(tmp_path: Path) -> None:
     out = _run("litdata_loader.py", "--samples", "256", cwd=tmp_path)
     _loader_example(out)
     assert "(model_only): the train loader reads a litdata" in out
+
+
+@_needs("torchvision")
+def test_torchvision_example_tunes_an_augmenting_image_folder_and_keeps_every_sample(tmp_path: Path) -> None:
+    out = _run("torchvision_loader.py", "--samples", "256", cwd=tmp_path)
+    _loader_example(out)

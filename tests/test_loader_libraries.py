@@ -1,4 +1,4 @@
-"""LoadGuard on the data libraries people train with: Hugging Face datasets, WebDataset, litdata.
+"""LoadGuard on the data libraries people train with: Hugging Face datasets, WebDataset, litdata, torchvision.
 
 Each pipeline (``loader_libraries``) reads a few hundred samples from files the test writes, used as the
 library documents it. The four promises, each against what LoadGuard did not compute itself: measure (the
@@ -16,17 +16,21 @@ from typing import Any
 
 import pytest
 from lightning.pytorch.profilers import SimpleProfiler
-from loader_libraries import FEATURES, LIBRARIES, build_loader, installed, iterate
+from loader_libraries import FEATURES, LIBRARIES, MAP_STYLE, build_loader, installed, iterate
 from pipelines import FETCH_ACTION, ClockedModule, Observed, quiet_trainer
 from programs import run_program
+from scripted_tuning import moved_to_workers, order_notes, scripted_window
 
-from lightning_loadguard import LoadGuard
+from lightning_loadguard import LoadGuard, TuneOptions
 from lightning_loadguard._lightning import pl
+from lightning_loadguard.tuning.session import TuningSession
 
 CHAIN = Path(__file__).with_name("resume_chain.py")
 
 
 def _library(name: str) -> Any:
+    # torchvision runs in CI's second environment (torch 2.14.1): its PyPI build does not import beside the CPU
+    # torch 2.13.0 of the first (docs/loaders.md, Installing).
     return pytest.param(name, marks=pytest.mark.skipif(not installed(name), reason=f"{name} is not installed"))
 
 
@@ -197,7 +201,7 @@ def test_a_fast_pipeline_is_diagnosed_as_compute_bound(library: str, files: Path
 
 # -- tune -----------------------------------------------------------------------------------------------------
 
-ITERABLES = [_library(name) for name in LIBRARIES if name != "hf_map"]
+ITERABLES = [_library(name) for name in LIBRARIES if name not in MAP_STYLE]
 
 
 @pytest.mark.parametrize("library", ALL)
@@ -208,7 +212,7 @@ def test_the_tuner_keeps_every_epochs_samples_and_order(library: str, files: Pat
     assert tuned.seen == untuned.seen
     decision = guard.decision
     assert decision is not None
-    if library == "hf_map":  # map-style: probed and switched mid-epoch like any Dataset
+    if library in MAP_STYLE:  # probed and switched mid-epoch like any Dataset
         assert decision.verdict != "model_only", decision.reason
     else:  # the worker count is kept, with the reason in one sentence
         assert decision.verdict == "model_only"
@@ -233,6 +237,68 @@ def test_an_iterable_read_in_process_is_not_tuned_and_the_user_hears_why(library
     assert guard.decision is None
 
 
+class AugmentationRecorder(ClockedModule):
+    """Records each sample's augmented features (``augmented``) beside its index (``seen``)."""
+
+    def __init__(self) -> None:
+        super().__init__(features=FEATURES)
+        self.augmented: list[tuple[float, ...]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.augmented.extend(tuple(row) for row in batch[1].tolist())
+        return super().training_step(batch, batch_idx)
+
+
+AUGMENTED = 192  # 48 batches of 4 an epoch: the scripted tuner decides inside epoch 0
+SCRIPTED = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+
+
+def _fit_augmented(library: str, files: Path, tune: TuneOptions | None) -> tuple[AugmentationRecorder, Any]:
+    loader = build_loader(library, files / library, n=AUGMENTED, shuffle=True)
+    pl.seed_everything(5, verbose=False)
+    guard = LoadGuard(print_summary=False, auto_tune=tune) if tune is not None else None
+    module = AugmentationRecorder()
+    quiet_trainer(max_epochs=3, callbacks=[guard] if guard else []).fit(module, loader)
+    return module, guard
+
+
+def _epochs(seen: list[Any]) -> list[list[Any]]:
+    return [seen[e : e + AUGMENTED] for e in range(0, len(seen), AUGMENTED)]
+
+
+@pytest.mark.parametrize("library", [_library("torchvision")])
+def test_augmentations_drawn_in_the_main_process_are_seen_and_the_new_order_said(
+    library: str, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # transforms.v2 draws its crops and flips from torch's global stream, the one shuffle=True draws each epoch's
+    # order from: loading moved into workers leaves those draws to the workers, so later epochs' orders differ.
+    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
+    untuned, _ = _fit_augmented(library, files, None)
+    tuned, guard = _fit_augmented(library, files, SCRIPTED)
+    assert moved_to_workers(guard)
+    first, *later = _epochs(tuned.seen)
+    assert first == _epochs(untuned.seen)[0]
+    assert all(sorted(epoch) == list(range(AUGMENTED)) for epoch in later)
+    assert _epochs(tuned.seen)[1] != _epochs(untuned.seen)[1]
+    assert len(order_notes(guard)) == 1
+
+
+@pytest.mark.parametrize("library", [_library("torchvision")])
+def test_keep_random_draws_keeps_every_augmentation_bit_identical(
+    library: str, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
+    untuned, _ = _fit_augmented(library, files, None)
+    tuned, guard = _fit_augmented(library, files, TuneOptions(warmup_steps=2, window_steps=6, keep_random_draws=True))
+    assert guard is not None and guard.decision is not None and not moved_to_workers(guard)
+    assert tuned.seen == untuned.seen
+    assert tuned.augmented == untuned.augmented
+    # The augmentations did draw: two epochs of the same samples were cropped differently.
+    assert sorted(zip(_epochs(untuned.seen)[0], _epochs(untuned.augmented)[0], strict=True)) != sorted(
+        zip(_epochs(untuned.seen)[1], _epochs(untuned.augmented)[1], strict=True)
+    )
+
+
 # -- resume ---------------------------------------------------------------------------------------------------
 
 
@@ -243,6 +309,8 @@ RESUME_SCENARIOS: list[dict[str, Any]] = [
     {"name": "hf_stream", "case": dict(_CASE, sampler="hf_stream")},
     {"name": "litdata", "case": dict(_CASE, sampler="litdata", shuffle=True)},
     {"name": "litdata_workers", "case": dict(_CASE, sampler="litdata", shuffle=True, workers=2)},
+    {"name": "torchvision", "case": dict(_CASE, sampler="torchvision", shuffle=True, seed=5)},
+    {"name": "torchvision_workers", "case": dict(_CASE, sampler="torchvision", shuffle=True, seed=5, workers=2)},
 ]
 
 

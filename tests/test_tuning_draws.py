@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import torch
 from pipelines import quiet_trainer
+from scripted_tuning import moved_to_workers, order_notes, scripted_window
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_loadguard import ResumableLoaderMixin
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.position.switch import RandomDrawWatch, order_streams
 from lightning_loadguard.synthetic import TimedModule
 from lightning_loadguard.tuning.session import TuneOptions, TuningSession
@@ -33,7 +33,6 @@ from lightning_loadguard.tuning.session import TuneOptions, TuningSession
 LENGTH = 192
 BATCH = 4
 OPTIONS = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
-ORDER_NOTE = "later epochs hold every sample once in another order"
 
 
 class Augmenting(Dataset):
@@ -68,24 +67,6 @@ class Records(TimedModule):
         return super().training_step(batch, batch_idx)
 
 
-def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapshot:
-    """The window a setting measures where one worker makes a batch in 12 ms against a 4 ms step."""
-    assert self._planner is not None
-    setting = self._planner.current
-    steps = self._window_steps
-    production, step = 0.012, 0.004
-    period = step + production if setting.num_workers == 0 else max(step, production / setting.num_workers)
-    window = WindowSnapshot(
-        wait_s=(period - step,) * steps,
-        step_s=(step,) * steps,
-        production_s=(production,) * steps,
-        settings=setting,
-        host=HostFacts(cpu_count=8),
-        batches_made=steps,
-    )
-    return window
-
-
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TuningSession, "_measured", scripted_window)
@@ -111,16 +92,6 @@ def run(
 
 def epochs_of(seen: list[int], length: int = LENGTH) -> list[list[int]]:
     return [seen[e : e + length] for e in range(0, len(seen), length)]
-
-
-def moved_to_workers(guard: LoadGuard | None) -> bool:
-    decision = guard.decision if guard is not None else None
-    assert decision is not None, "the tuner decided nothing"
-    return any(c.setting.num_workers > 0 for c in decision.candidates)
-
-
-def order_notes(guard: LoadGuard) -> list[str]:
-    return [note for note in guard._said if ORDER_NOTE in note]
 
 
 def shuffled(streams: tuple[str, ...] = ("torch", "random"), **kwargs: Any) -> Callable[[], DataLoader]:
