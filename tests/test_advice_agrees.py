@@ -185,6 +185,10 @@ def test_a_tuner_that_kept_random_draws_or_decided_is_not_offered_again() -> Non
     reach = reach_of(guard, trainer)
     assert not reach.acts and guard.decision.setting.label in reach.reason
     assert OFFER not in fix_for(reach)
+    # What it measured goes with it, so that no fix names a setting it measured slower as certain.
+    assert reach.chosen == guard.decision.setting
+    assert reach.measured == tuple((c.setting, c.rate) for c in guard.decision.candidates if c.rate is not None)
+    assert len(reach.measured) >= 2
 
 
 def test_a_tuner_that_stopped_is_not_offered_again(monkeypatch: pytest.MonkeyPatch) -> None:

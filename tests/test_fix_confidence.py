@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,29 @@ def test_an_oversubscribed_host_recommends_the_workers_its_cores_carry_certain_o
     measured = diagnose(_oversubscribed(cpu_s=0.35))
     assert measured.verdict == "host_oversubscribed"
     assert measured.recommended == {"num_workers": 6} and measured.certain is True
+
+
+def test_a_fix_the_tuner_measured_slower_in_this_run_is_a_hypothesis_with_both_rates() -> None:
+    # The tuner chose 16 workers over 6 in this run (its probes: 6 workers at 40 and 44 steps/s, 16 at 70); the
+    # host_oversubscribed fix names 6 workers: the run's own side-by-side measurement went the other way.
+    window = _oversubscribed(cpu_s=0.35)
+    chosen = LoaderSettings(num_workers=16, prefetch_factor=2, persistent_workers=True)
+    six = LoaderSettings(num_workers=6, prefetch_factor=2)
+    probes = ((six, 40.0), (LoaderSettings(num_workers=16, prefetch_factor=2), 70.0), (six, 44.0))
+    tuned = diagnose(window, tuner=TunerReach(False, "it chose", chosen=chosen, measured=probes))
+    finding = tuned.finding("host_oversubscribed")
+    assert finding is not None and finding.recommended == {"num_workers": 6}
+    assert finding.certain is False
+    assert "measured workers=6 prefetch=2 in this run at 42.0 steps/s against 70.0 at workers=16" in finding.fix
+    # Where the tuner did not measure the fix's setting, or its choice is not what runs, the fix stands as before.
+    untried = ((LoaderSettings(num_workers=3, prefetch_factor=2), 40.0), (chosen, 70.0))
+    for reach in (
+        TunerReach(False, "it chose", chosen=chosen, measured=untried),
+        TunerReach(False, "it chose", chosen=replace(chosen, num_workers=12), measured=probes),
+        TunerReach(False, "it declined"),
+    ):
+        kept = diagnose(window, tuner=reach).finding("host_oversubscribed")
+        assert kept is not None and kept.certain is True and "auto-tuner measured" not in kept.fix
 
 
 def _bursty(prod: list[float], steps: int, **fields: object) -> WindowSnapshot:

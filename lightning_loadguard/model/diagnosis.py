@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from statistics import fmean, median
 
+from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model import budget as hb
 from lightning_loadguard.model import capacity as cap
@@ -77,6 +78,10 @@ class TunerReach:
         acts: the tuner would probe worker counts for this loader (in this run, or in a run that adds it).
         reason: why it would not, in words, where it would not (``""``: not known, e.g. a window diagnosed
             without a trainer).
+        chosen: the settings the tuner applied in this run (``None``: it has not decided).
+        measured: each setting the tuner measured in this run with the steps/s of that window, in probing
+            order. A fix that names one of them which the tuner measured and did not choose, while its choice
+            runs, is a hypothesis: the run's only side-by-side measurement went the other way.
 
     Example:
         >>> TunerReach(False, "the train loader reads an IterableDataset").acts
@@ -85,6 +90,8 @@ class TunerReach:
 
     acts: bool
     reason: str = ""
+    chosen: LoaderSettings | None = None
+    measured: tuple[tuple[LoaderSettings, float], ...] = ()
 
 
 UNKNOWN_REACH = TunerReach(False)
@@ -151,6 +158,7 @@ def diagnose(
     epoch = _epoch_start(facts, steps_per_epoch)
     if epoch is not None:
         findings.append(epoch)
+    findings = [_against_the_tuner(f, facts) for f in findings]
     if facts.draining is None and not any(f.verdict in _LOSSES for f in findings):
         findings.append(_compute_bound(facts))
     findings.sort(key=lambda f: (-f.severity, VERDICTS.index(f.verdict)))
@@ -616,6 +624,37 @@ def _straggler(facts: _Facts) -> Finding | None:
         "rank waits for it in the gradient all-reduce."
     )
     return Finding("straggler_rank", min(1.0, worst - typical), evidence, fix, summary)
+
+
+def _same_loading(a: LoaderSettings, b: LoaderSettings) -> bool:
+    """Whether two settings load alike in a steady window (persistent workers change only an epoch's start)."""
+    return (a.num_workers, a.prefetch_factor, a.pin_memory) == (b.num_workers, b.prefetch_factor, b.pin_memory)
+
+
+def _against_the_tuner(finding: Finding, facts: _Facts) -> Finding:
+    """``finding``, made a hypothesis where its fix names a setting the tuner measured in this run and did not
+    choose while its choice runs, with the two measured rates in its text."""
+    chosen, measured, now = facts.tuner.chosen, facts.tuner.measured, facts.snap.settings
+    if finding.verdict == "memory_risk":  # a wall, whatever the speed
+        return finding
+    if not finding.recommended or chosen is None or not _same_loading(now, chosen):
+        return finding
+    fields = {k: v for k, v in finding.recommended.items() if k in LoaderSettings.__dataclass_fields__}
+    if not fields:
+        return finding
+    target = replace(now, **fields)
+    if target.num_workers == 0:
+        target = replace(target, prefetch_factor=None)
+    target_rates = [rate for setting, rate in measured if _same_loading(setting, target)]
+    chosen_rates = [rate for setting, rate in measured if _same_loading(setting, chosen)]
+    if _same_loading(target, chosen) or not target_rates or not chosen_rates:
+        return finding
+    measured_here = (
+        f" The auto-tuner measured {target.label} in this run at {fmean(target_rates):.1f} steps/s against "
+        f"{fmean(chosen_rates):.1f} at {chosen.label}, and chose the latter: measure both again side by side "
+        "before changing it."
+    )
+    return replace(finding, fix=finding.fix + measured_here, certain=False)
 
 
 def _cpu_share_note(cpu_share: float | None) -> str:

@@ -1175,7 +1175,9 @@ class TuningSession:
             return TunerReach(False, self._declined)
         if self.decision is not None:
             d = self.decision
-            return TunerReach(False, f"it measured this loader in this run and chose {d.setting.label} ({d.verdict})")
+            measured = tuple((c.setting, c.rate) for c in d.candidates if c.rate is not None)
+            reason = f"it measured this loader in this run and chose {d.setting.label} ({d.verdict})"
+            return TunerReach(False, reason, chosen=d.setting, measured=measured)
         if self._active:
             return TunerReach(True)
         return None
