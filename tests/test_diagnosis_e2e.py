@@ -224,12 +224,17 @@ def test_ready_batches_that_are_slow_to_hand_over_are_transfer_bound() -> None:
     assert ("set_sharing_strategy('file_system')" in _finding(diagnosis, "transfer_bound").fix) is by_descriptor
 
 
+SPIN_BATCH_CPU_S = BATCH * 0.008
+"""CPU time a batch of the oversubscribing dataset costs a worker (4 samples of 8 ms of spinning)."""
+
+
 def test_more_spinning_workers_than_cores_oversubscribe_the_host(two_cores: int) -> None:
     # Three CPU-bound workers per core, each 32 ms a batch, feeding a 10 ms step: all of them always run.
     workers = 3 * two_cores
-    dataset = TimedDataset(BATCH * 40, sample_s=0.008, spin=True)
+    dataset = TimedDataset(BATCH * 40, sample_s=SPIN_BATCH_CPU_S / BATCH, spin=True)
     loader = timed_loader(dataset, batch_size=BATCH, num_workers=workers, persistent_workers=True)
-    diagnosis = _diagnosis(_fit(loader, TimedModule(0.010, record=False), window=30))
+    guard = _fit(loader, TimedModule(0.010, record=False), window=30)
+    diagnosis = _diagnosis(guard)
 
     assert diagnosis.verdict == "host_oversubscribed", diagnosis.to_text()
     finding = _finding(diagnosis, "host_oversubscribed")
@@ -237,7 +242,18 @@ def test_more_spinning_workers_than_cores_oversubscribe_the_host(two_cores: int)
     budget = finding.evidence["worker_budget"]
     # One core stays with the training process; spinning workers get the rest.
     assert budget == two_cores - 1
-    assert finding.fix.startswith(f"num_workers={budget} (now {workers})")
+    # A worker makes a batch no faster than its CPU time (the dataset's own cost): the fix never names a count
+    # that could not make the batches the loop takes now. Where the budget could not, it names the fewest that
+    # could, or keeps the workers.
+    rate = guard.metrics["loadguard/throughput"]
+    fewer = finding.recommended.get("num_workers")
+    if fewer is None:
+        assert finding.fix.startswith(f"Keep num_workers={workers}: the {budget} worker"), finding.fix
+        assert budget / SPIN_BATCH_CPU_S < rate * 1.1
+    else:
+        assert budget <= fewer < workers
+        assert finding.fix.startswith(f"num_workers={fewer} (now {workers})"), finding.fix
+        assert fewer / SPIN_BATCH_CPU_S > rate * 0.9
 
 
 def test_batches_in_flight_near_the_available_ram_are_a_memory_risk(monkeypatch: pytest.MonkeyPatch) -> None:

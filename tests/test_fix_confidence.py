@@ -217,9 +217,11 @@ def test_memory_that_holds_fewer_batches_than_workers_recommends_fewer_workers()
 
 
 def _oversubscribed(cpu_s: float | None) -> WindowSnapshot:
-    """2 processes of 16 workers each on 8 cores, the workers busy 0.7 s per batch of a 50 ms step."""
+    """2 processes of 16 workers each on 8 cores, the workers busy 0.7 s per batch of a 50 ms step; the loop
+    waits 75 ms a step (8 steps/s)."""
     measured = {} if cpu_s is None else {"production_cpu_s": (cpu_s,) * 40}
     return _workers_window(
+        wait_s=(0.075,) * 40,
         settings=LoaderSettings(num_workers=16, prefetch_factor=2),
         host=HostFacts(cpu_count=8, processes_on_host=2),
         production_s=(0.7,) * 40,
@@ -229,29 +231,58 @@ def _oversubscribed(cpu_s: float | None) -> WindowSnapshot:
 
 def test_an_oversubscribed_host_recommends_the_workers_its_cores_carry_certain_only_where_measured() -> None:
     # 8 cores / 2 processes, 1 core kept for each loop: 3 spare cores, one worker each where the share is unknown.
-    unmeasured = diagnose(_oversubscribed(cpu_s=None))
-    assert unmeasured.verdict == "host_oversubscribed"
+    unmeasured = diagnose(_oversubscribed(cpu_s=None)).finding("host_oversubscribed")
+    assert unmeasured is not None
     assert unmeasured.recommended == {"num_workers": 3} and unmeasured.certain is False
-    # Workers measured computing 0.35 s of each 0.7 s: half a core each, so the 3 spare cores carry 6.
-    measured = diagnose(_oversubscribed(cpu_s=0.35))
-    assert measured.verdict == "host_oversubscribed"
+    # Workers measured computing 0.35 s of each 0.7 s: half a core each, so the 3 spare cores carry 6 (at most
+    # 17 batches/s at 0.35 s of CPU each, above the 8 steps/s the loop runs).
+    measured = diagnose(_oversubscribed(cpu_s=0.35)).finding("host_oversubscribed")
+    assert measured is not None
     assert measured.recommended == {"num_workers": 6} and measured.certain is True
 
 
+def _two_cores(workers: int, wait_s: float, step_s: float) -> WindowSnapshot:
+    """``workers`` on 2 cores, a batch 11 ms of CPU (35 ms busy, 24 of them queued for a core)."""
+    return _workers_window(
+        wait_s=(wait_s,) * 40,
+        step_s=(step_s,) * 40,
+        settings=LoaderSettings(num_workers=workers, prefetch_factor=2),
+        host=HostFacts(cpu_count=2),
+        production_s=(0.035,) * 40,
+        production_cpu_s=(0.011,) * 40,
+        production_queued_s=(0.024,) * 40,
+    )
+
+
+def test_an_oversubscribed_host_is_never_told_to_run_fewer_workers_than_make_its_batches() -> None:
+    # The cores carry 1 worker, which makes at most 90.9 batches/s (11 ms of CPU each).
+    # 5 workers, the loop at 111 steps/s (4 ms wait + 5 ms step): 1 worker would slow the run; 2 could keep up,
+    # which only a measurement can say: a hypothesis.
+    finding = diagnose(_two_cores(5, 0.004, 0.005)).finding("host_oversubscribed")
+    assert finding is not None and finding.recommended == {"num_workers": 2} and finding.certain is False
+    assert "the 1 worker the cores carry would make at most 90.9 batches/s" in finding.fix
+    # 3 workers, the loop at 250 steps/s: only 3 reach that rate, so the fix keeps them.
+    kept = diagnose(_two_cores(3, 0.0, 0.004)).finding("host_oversubscribed")
+    assert kept is not None and kept.recommended == {} and kept.fix.startswith("Keep num_workers=3: the 1 worker")
+    # The loop at 67 steps/s, below what 1 worker makes: 1 worker, as the cores carry.
+    slow = diagnose(_two_cores(5, 0.010, 0.005)).finding("host_oversubscribed")
+    assert slow is not None and slow.recommended == {"num_workers": 1} and slow.certain is True
+
+
 def test_a_fix_the_tuner_measured_slower_in_this_run_is_a_hypothesis_with_both_rates() -> None:
-    # The tuner chose 16 workers over 6 in this run (its probes: 6 workers at 40 and 44 steps/s, 16 at 70); the
+    # The tuner chose 16 workers over 6 in this run (its probes: 6 workers at 7.0 and 7.4 steps/s, 16 at 8); the
     # host_oversubscribed fix names 6 workers: the run's own side-by-side measurement went the other way.
     window = _oversubscribed(cpu_s=0.35)
     chosen = LoaderSettings(num_workers=16, prefetch_factor=2, persistent_workers=True)
     six = LoaderSettings(num_workers=6, prefetch_factor=2)
-    probes = ((six, 40.0), (LoaderSettings(num_workers=16, prefetch_factor=2), 70.0), (six, 44.0))
+    probes = ((six, 7.0), (LoaderSettings(num_workers=16, prefetch_factor=2), 8.0), (six, 7.4))
     tuned = diagnose(window, tuner=TunerReach(False, "it chose", chosen=chosen, measured=probes))
     finding = tuned.finding("host_oversubscribed")
     assert finding is not None and finding.recommended == {"num_workers": 6}
     assert finding.certain is False
-    assert "measured workers=6 prefetch=2 in this run at 42.0 steps/s against 70.0 at workers=16" in finding.fix
+    assert "measured workers=6 prefetch=2 in this run at 7.2 steps/s against 8.0 at workers=16" in finding.fix
     # Where the tuner did not measure the fix's setting, or its choice is not what runs, the fix stands as before.
-    untried = ((LoaderSettings(num_workers=3, prefetch_factor=2), 40.0), (chosen, 70.0))
+    untried = ((LoaderSettings(num_workers=3, prefetch_factor=2), 7.0), (chosen, 8.0))
     for reach in (
         TunerReach(False, "it chose", chosen=chosen, measured=untried),
         TunerReach(False, "it chose", chosen=replace(chosen, num_workers=12), measured=probes),

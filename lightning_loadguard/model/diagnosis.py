@@ -686,11 +686,35 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         "worker_busy_share": busy,
         "worker_cpu_share": cpu_share,
     }
-    fix = f"num_workers={max(1, budget)} (now {facts.workers}): more workers than cores slow the step they feed."
+    fewer = max(1, budget)
+    fix = f"num_workers={fewer} (now {facts.workers}): more workers than cores slow the step they feed."
     summary = (
         f"Host oversubscribed: {_plural(total, 'worker process')} of {_plural(procs, 'training process')} "
         f"on {host.cpu_count} cores."
     ).replace("processs", "processes")
+    # A worker makes a batch no faster than its CPU time: where even that ceiling of the workers the cores carry
+    # is below the rate the loop sustains now, that many would slow the run, whatever the contention costs.
+    batch_cpu, now = facts.snap.batch_cpu_s, facts.snap.sustained_rate
+    if batch_cpu and fewer < facts.workers and fewer / batch_cpu < now:
+        evidence["fewer_workers_ceiling"] = fewer / batch_cpu
+        least = math.ceil(now * batch_cpu - 1e-9)  # the fewest whose ceiling reaches today's rate
+        short = (
+            f"the {_plural(fewer, 'worker')} the cores carry would make at most {fewer / batch_cpu:.3g} batches/s "
+            f"(a batch takes {batch_cpu * 1e3:.3g} ms of CPU), below the {now:.3g} steps/s the loop sustains now"
+        )
+        cheaper = (
+            "The cores are short for this pipeline: make each batch cheaper (lighter transforms, cached decoded "
+            "samples, batch-level augmentation in the step) or give the job more cores."
+        )
+        if least >= facts.workers:
+            fix = f"Keep num_workers={facts.workers}: {short}, so fewer workers would slow this run. {cheaper}"
+            return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary)
+        fix = (
+            f"num_workers={least} (now {facts.workers}), the fewest that could make the batches the loop takes now: "
+            f"{short}. Whether {least} beats {facts.workers} on these cores is not known: measure both side by side. "
+            + cheaper
+        )
+        return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary, {"num_workers": least}, False)
     # Fewer workers is a fix only where they were measured to compute (not to wait on I/O).
     certain = facts.snap.cpu_share is not None
     return Finding(
@@ -699,7 +723,7 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         evidence,
         fix,
         summary,
-        {"num_workers": max(1, budget)},
+        {"num_workers": fewer},
         certain,
     )
 
