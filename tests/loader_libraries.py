@@ -246,11 +246,15 @@ def build_loader(
     num_workers: int = 0,
     sample_s: float = 0.0,
     shuffle: bool = False,
+    rank: tuple[int, int] | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader:
     """The train loader of ``library`` over ``n`` samples written under ``root`` (once; later calls reuse them).
 
     Every batch is ``[indices, features, stamps, collated]``; ``shuffle`` is each library's own shuffling.
+    ``rank`` (this process's rank, the world size) splits a streaming dataset between DDP ranks as its library
+    documents it (``split_dataset_by_node``, WebDataset's ``split_by_node``); a map-style dataset is split by
+    the ``DistributedSampler`` Lightning puts in, and litdata splits itself.
     """
     clock = SampleClock(sample_s)
     settings: dict[str, Any] = {"batch_size": batch_size, "num_workers": num_workers, **loader_kwargs}
@@ -266,12 +270,17 @@ def build_loader(
         stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
         if shuffle:
             stream = stream.shuffle(seed=0, buffer_size=16)
+        if rank is not None:
+            from datasets.distributed import split_dataset_by_node
+
+            stream = split_dataset_by_node(stream, rank=rank[0], world_size=rank[1])
         return DataLoader(stream.map(_RowClock(clock)), collate_fn=clocked_collate, **settings)
     if library == "webdataset":
         import webdataset as wds
 
         urls = write_tar_shards(root / "tars", n)
-        pipeline = wds.WebDataset(urls, shardshuffle=SHARDS if shuffle else False, seed=0, empty_check=False)
+        split = {"nodesplitter": wds.split_by_node} if rank is not None else {}
+        pipeline = wds.WebDataset(urls, shardshuffle=SHARDS if shuffle else False, seed=0, empty_check=False, **split)
         if shuffle:
             pipeline = pipeline.shuffle(16, seed=0)
         return DataLoader(pipeline.decode().map(_TarSampleClock(clock)), collate_fn=clocked_collate, **settings)

@@ -81,7 +81,9 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
 
         return StatefulDataLoader(StatefulStream(n), batch_size=b, **extra)
     if kind in LIBRARIES:  # a data library's own loader over files the test wrote (loader_libraries)
-        return build_loader(kind, Path(c["root"]), n=n, batch_size=b, shuffle=c.get("shuffle", False), **extra)
+        rank = (trainer.global_rank, trainer.world_size) if trainer.world_size > 1 else None
+        shuffle = c.get("shuffle", False)
+        return build_loader(kind, Path(c["root"]), n=n, batch_size=b, shuffle=shuffle, rank=rank, **extra)
     if kind == "not_a_loader":
         return Batches(DataLoader(Indexed(n), batch_size=b, shuffle=True, **extra))
     if kind == "plain_iterable":

@@ -26,6 +26,7 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.tuning.session import TuningSession
 
 CHAIN = Path(__file__).with_name("resume_chain.py")
+DDP_SCRIPT = Path(__file__).with_name("ddp_library_script.py")
 
 
 def _library(name: str) -> Any:
@@ -299,6 +300,41 @@ def test_keep_random_draws_keeps_every_augmentation_bit_identical(
     )
 
 
+# -- DDP ------------------------------------------------------------------------------------------------------
+
+DDP_SAMPLES, DDP_EPOCHS = 480, 2  # as ddp_library_script.py: 60 steps an epoch on each rank
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("library", ALL)
+def test_under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both(
+    library: str, files: Path, tmp_path: Path
+) -> None:
+    # Two CPU ranks (gloo), each pipeline split as its library documents it (ddp_library_script.py), with
+    # auto-tuning on: every epoch, the ranks' samples are disjoint and together every sample once; every rank
+    # holds both ranks' figures and the same decision.
+    root = files / "ddp" / library
+    build_loader(library, root, n=DDP_SAMPLES)  # the files, written once before the ranks read them
+    out = tmp_path / "result"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    done = run_program([DDP_SCRIPT, library, root, out], timeout=300, env=env, cwd=DDP_SCRIPT.parent)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
+    for epoch in range(DDP_EPOCHS):
+        parts = [rank["by_epoch"][epoch] for rank in ranks]
+        assert all(len(part) == DDP_SAMPLES // 2 for part in parts), [len(part) for part in parts]
+        assert sorted(parts[0] + parts[1]) == list(range(DDP_SAMPLES))
+    fractions = [rank["rank_wait_fractions"] for rank in ranks]
+    assert len(fractions[0]) == 2 and fractions[0] == fractions[1]
+    assert ranks[0]["decision"] is not None and ranks[0]["decision"] == ranks[1]["decision"]
+    if library in MAP_STYLE:
+        assert ranks[0]["decision"]["verdict"] != "model_only", ranks[0]["decision"]
+    else:
+        assert ranks[0]["decision"]["verdict"] == "model_only", ranks[0]["decision"]
+        assert "each epoch's order depends on num_workers" in ranks[0]["decision"]["reason"]
+        assert [rank["num_workers"] for rank in ranks] == [2, 2]
+
+
 # -- resume ---------------------------------------------------------------------------------------------------
 
 
@@ -314,11 +350,22 @@ RESUME_SCENARIOS: list[dict[str, Any]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def chains(files: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+DDP_RESUME_SCENARIOS: list[dict[str, Any]] = [
+    # 2 ranks: 5 batches an epoch on each; step 13 is epoch 2's fourth batch.
+    {"name": f"{s['name']}_ddp", "case": dict(s["case"], devices=2)}
+    for s in RESUME_SCENARIOS
+    if s["name"] in ("hf_map", "litdata", "torchvision", "hf_stream")
+]
+DDP_REFUSED = {"hf_stream_ddp": "a stateful IterableDataset cannot be resumed exactly with world_size > 1"}
+"""Scenarios the mixin refuses at the first fit, with the error's words."""
+
+
+def _run_chains(
+    scenarios_in: list[dict[str, Any]], files: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("library_chains")
     scenarios = []
-    for s in RESUME_SCENARIOS:
+    for s in scenarios_in:
         if not installed(s["case"]["sampler"]):
             continue
         case = dict(s["case"], root=str(files / "resume" / s["name"]))
@@ -333,6 +380,16 @@ def chains(files: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return results
 
 
+@pytest.fixture(scope="module")
+def chains(files: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run_chains(RESUME_SCENARIOS, files, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ddp_chains(files: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run_chains(DDP_RESUME_SCENARIOS, files, tmp_path_factory)
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -344,6 +401,25 @@ def test_resume(name: str, chains: dict[str, Any]) -> None:
     result = chains[name]
     assert result["ended"] == ["exit 0", "SIGKILL", "exit 0"], chains["_stderr"][-3000:]
     assert result["resumed"]["0"] == result["reference"]["0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(s["name"], marks=pytest.mark.skipif(not installed(s["case"]["sampler"]), reason="not installed"))
+        for s in DDP_RESUME_SCENARIOS
+        if s["name"] not in DDP_REFUSED
+    ],
+)
+def test_resume_under_ddp(name: str, ddp_chains: dict[str, Any]) -> None:
+    # Two ranks (ddp_fork), killed after step 13 and resumed: every rank's samples over three epochs equal an
+    # uninterrupted run's.
+    result = ddp_chains[name]
+    assert result["ended"] == ["exit 0", "SIGKILL", "exit 0"], ddp_chains["_stderr"][-3000:]
+    for rank in ("0", "1"):
+        assert result["resumed"][rank] == result["reference"][rank], rank
+    assert sorted(result["reference"]["0"] + result["reference"]["1"]) == sorted(3 * list(range(_CASE["n"])))
 
 
 def _fit_with_mixin(loader: Any) -> None:
@@ -378,3 +454,12 @@ def test_webdataset_without_state_is_never_resumed_silently(library: str, files:
     loader = build_loader(library, files / "refusals", n=40)
     with pytest.warns(UserWarning, match="without state_dict"):
         _fit_with_mixin(loader)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("library", [_library("hf_stream")])
+def test_hf_stream_split_by_node_is_refused_at_the_first_fit(library: str, ddp_chains: dict[str, Any]) -> None:
+    # Each rank's split stream has its own state and a checkpoint holds one: the mixin refuses before training.
+    result = ddp_chains["hf_stream_ddp"]
+    assert result["ended"][0] == "exit 1" and result["reference"] == {"0": [], "1": []}
+    assert DDP_REFUSED["hf_stream_ddp"] in ddp_chains["_stderr"]
