@@ -165,6 +165,16 @@ def cases(tmp: Path, quick: bool) -> list[Case]:
             window=60,
             code_fix={"sharing_strategy": "file_system"},
         ),
+        # Five workers computing 8 ms a batch in Python on a 2-core host, a 4 ms step that waits: more workers
+        # than cores, where the workers the cores carry alone could not make the batches the loop takes.
+        Case(
+            "host_oversubscribed",
+            ("host_oversubscribed",),
+            lambda: TimedDataset(4 * 400 * scale, sample_s=0.002, spin=True),
+            {"num_workers": 5, "persistent_workers": True},
+            lambda: TimedModule(0.004, record=False),
+            window=60,
+        ),
         # Two workers at 8 ms a batch against a 60 ms step: nothing in the loader to change.
         Case(
             "compute_bound",
