@@ -166,6 +166,26 @@ def is_tensorboard_logger(logger: object) -> bool:
 _LOGGER_MODULES = ("lightning.pytorch.loggers", "pytorch_lightning.loggers")
 
 
+def log_text(loggers: Sequence[Any], tag: str, text: str, step: int) -> None:
+    """``text`` under ``tag`` to every logger that takes text: TensorBoard's Text tab, and a one-cell table
+    (column: the tag's last part) for a logger with ``log_text`` (Weights & Biases, ...). The loggers' own
+    calls: a logger's failure is the user's to see.
+
+    Example:
+        >>> class Tables:
+        ...     def log_text(self, key, columns, data, step): print(key, columns, data, step)
+        >>> log_text([Tables(), object()], "loadguard/diagnosis", "Loader is fine.", 7)
+        loadguard/diagnosis ['diagnosis'] [['Loader is fine.']] 7
+    """
+    for logger in loggers:
+        if is_tensorboard_logger(logger):
+            experiment = logger.experiment
+            if hasattr(experiment, "add_text"):
+                experiment.add_text(tag, text, global_step=step)
+        elif callable(getattr(logger, "log_text", None)):
+            logger.log_text(key=tag, columns=[tag.rsplit("/", 1)[-1]], data=[[text]], step=step)
+
+
 def node_device_count(trainer: Any) -> int | None:
     """Devices of the trainer's accelerator on this node (``None`` on the CPU, where a node's size in ranks is the
     user's choice, or where the accelerator cannot count them).

@@ -80,11 +80,7 @@ class _LightningPort:
         rank_zero_info(message)
 
     def log_text(self, tag: str, text: str) -> None:
-        step = int(getattr(self._trainer, "global_step", 0))
-        for logger in self._trainer.loggers:
-            add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
-            if callable(add_text):
-                add_text(tag, text, step)
+        _pl.log_text(self._trainer.loggers, tag, text, int(getattr(self._trainer, "global_step", 0)))
 
 
 class TunerAdapter:

@@ -678,7 +678,7 @@ class LoadGuard(_pl.Callback):
         return self._reach[1]
 
     def _mark_switch(self, trainer: Any, before: LoaderSettings) -> None:
-        """A text marker at the step where the loader's settings changed (TensorBoard's Text tab)."""
+        """A text marker at the step where the loader's settings changed (TensorBoard's Text tab, or a table)."""
         if trainer.global_rank != 0:
             return
         now = self._monitor.settings
@@ -686,10 +686,7 @@ class LoadGuard(_pl.Callback):
             f"step {_pl.log_step(trainer)}: num_workers {before.num_workers} -> {now.num_workers}, "
             f"prefetch_factor {before.prefetch_factor or '-'} -> {now.prefetch_factor or '-'}"
         )
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if _pl.is_tensorboard_logger(logger) and hasattr(experiment, "add_text"):
-                experiment.add_text("loadguard/loader_settings", text, global_step=_pl.log_step(trainer))
+        _pl.log_text(trainer.loggers, "loadguard/loader_settings", text, _pl.log_step(trainer))
 
     def _log_diagnosis(self, trainer: Any, step: int) -> None:
         diagnosis = self.diagnosis
@@ -701,14 +698,7 @@ class LoadGuard(_pl.Callback):
             draining = self._guarded("writing the diagnosis", diagnosis.draining.summary)
             if draining:
                 _print_on_rank_zero(trainer, f"LoadGuard: {draining}")
-        for logger in trainer.loggers:
-            # The loggers' own calls, unguarded: a logger's failure is the user's to see.
-            if _pl.is_tensorboard_logger(logger):
-                experiment = logger.experiment
-                if hasattr(experiment, "add_text"):
-                    experiment.add_text("loadguard/diagnosis", text, global_step=step)
-            elif hasattr(logger, "log_text"):
-                logger.log_text(key="loadguard/diagnosis", columns=["diagnosis"], data=[[text]], step=step)
+        _pl.log_text(trainer.loggers, "loadguard/diagnosis", text, step)
 
     # -- reporting -------------------------------------------------------------------------------------
 

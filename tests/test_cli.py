@@ -198,3 +198,13 @@ def test_functions_of_0_1_0_still_import_with_a_warning() -> None:
         assert cli.plot_run is plot_run
     with pytest.raises(AttributeError, match="render_grid"):
         _ = cli.render_grid
+
+
+def test_the_demos_default_run_is_built_to_take_well_under_a_minute() -> None:
+    # README: the demo prints its figures "in under a minute on 2 CPU cores". Its time is made of sleeps (the
+    # loader's and the step's, paid in turn with num_workers=0), which a busy host barely stretches: by its
+    # defaults 3 epochs x 100 batches x 70 ms. The rest is starting Python and Lightning (CI runs it as
+    # written, under a 300 s limit); a timed test would measure the host, not the demo.
+    args = cli.build_parser().parse_args(["demo"])
+    designed_s = args.epochs * args.batches * (DEMO_LOAD_MS + DEMO_STEP_MS) / 1e3
+    assert designed_s <= 30, designed_s

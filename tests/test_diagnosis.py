@@ -334,3 +334,19 @@ def test_stalls_the_replay_cannot_explain_are_not_blamed_on_prefetch() -> None:
     assert finding is not None
     assert "Not the prefetch depth" in finding.fix
     assert finding.evidence["recommended_prefetch_factor"] <= 2
+
+
+def test_findings_of_equal_severity_are_ordered_as_the_verdict_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/verdicts.md: ties are broken in the table's order (VERDICTS), whatever order the rules run in. The
+    # rules are replaced by ones returning fixed findings, the later rule's verdict earlier in the table.
+    from lightning_loadguard.model import diagnosis as rules
+    from lightning_loadguard.model.findings import VERDICTS, Finding
+
+    first, second = "transfer_bound", "producer_deficit"
+    assert VERDICTS.index(second) < VERDICTS.index(first)
+    monkeypatch.setattr(rules, "_deficit", lambda facts: Finding(first, 0.4))
+    monkeypatch.setattr(rules, "_transfer", lambda facts: Finding(second, 0.4))
+    for name in ("_bursty", "_straggler", "_oversubscribed", "_memory"):
+        monkeypatch.setattr(rules, name, lambda facts: None)
+    d = diagnose(_simulated([0.01], 0.1, workers=2))
+    assert [f.verdict for f in d.findings][:2] == [second, first] and d.verdict == second

@@ -327,3 +327,42 @@ def test_the_readme_names_every_benchmark_script() -> None:
     scripts = [p.name for p in sorted((root / "benchmarks").glob("*.py")) if "__main__" in p.read_text()]
     assert len(scripts) >= 10
     assert [name for name in scripts if f"`{name}`" not in section] == []
+
+
+def test_the_readmes_account_of_ci_is_what_ci_runs() -> None:
+    """README's Development section and quick start, against `.ci/run` and pyproject.toml as written."""
+    root = DOCS.parent
+    ci = (root / ".ci" / "run").read_text()
+    readme = (root / "README.md").read_text()
+    pyproject = (root / "pyproject.toml").read_text()
+    # "each step and the whole run under a time limit": the script re-runs itself under `timeout`, and every
+    # pip, pytest and ruff command goes through `limited` or `tests`.
+    assert re.search(r'exec timeout -k \d+ "\$\{LOADGUARD_CI_LIMIT_S:-\d+\}" bash "\$0"', ci)
+    commands = [line.strip() for line in ci.splitlines() if re.match(r"\s*(pip|pytest|ruff|python -m pip) ", line)]
+    assert not commands, f"commands without a time limit: {commands}"
+    # The quick start's two commands as written (torch pinned beside them where CI installs the project).
+    assert "limited 300 loadguard demo" in ci and 'pip install -q "torch==2.13.0" -e .\n' in ci
+    assert 'pip install "torch==2.13.0" -e . && loadguard demo' in readme
+    assert 'pip install -q -e ".[test]"' in ci and 'pip install -e ".[test]" && pytest' in readme
+    # Every slow test; the timing tests beside spinners; ruff, both ways; the torchvision environment.
+    assert "tests 900 -q -m slow" in ci and "-m slow" in readme
+    assert "python scripts/cpu_load.py pytest" in ci and "scripts/cpu_load.py" in readme
+    assert "ruff check ." in ci and "ruff format --check ." in ci
+    assert '"torch==2.14.1" "torchvision==0.29.1"' in ci and "`torchvision==0.29.1`" in readme
+    # The oldest and newest Lightning are the ends of the declared range, and README names the oldest.
+    lower, upper = re.search(r'"lightning>=([\d.]+),<([\d.]+)"', pyproject).groups()  # type: ignore[union-attr]
+    oldest, newest = re.search(r"OLDEST=([\d.]+)\nNEWEST=([\d.]+)", ci).groups()  # type: ignore[union-attr]
+    assert oldest == f"{lower}.0" and f"Lightning {oldest}" in readme and f"lightning>={lower},<{upper}" in readme
+    assert tuple(map(int, newest.split(".")[:2])) < tuple(map(int, upper.split(".")[:2])), (newest, upper)
+    # pyproject's default run leaves the slow tests out, as README says ("pytest -m slow runs the long tail").
+    assert "addopts = \"-m 'not slow'" in pyproject
+
+
+def test_ci_names_test_files_and_ids_that_exist() -> None:
+    """A test CI names that was renamed would select nothing (CI fails then too); here it fails first."""
+    root = DOCS.parent
+    ci = (root / ".ci" / "run").read_text()
+    for path, name in re.findall(r"(tests/test_\w+\.py)(?:::(\w+))?", ci):
+        assert (root / path).exists(), path
+        if name:
+            assert f"def {name}(" in (root / path).read_text(), f"{path}::{name}"

@@ -594,3 +594,69 @@ def test_a_formatter_installed_after_loadguard_does_not_show_its_file(monkeypatc
     (w,) = [w for w in caught if issubclass(w.category, LoadGuardWarning)]
     shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
     assert shown.startswith("LoadGuardWarning: LoadGuard: a condition"), shown
+
+
+def test_a_logger_with_log_text_gets_the_diagnosis_and_the_settings_switches_as_tables() -> None:
+    from lightning.pytorch.loggers import Logger
+
+    from lightning_loadguard import TuneOptions
+
+    class Tables(Logger):  # as WandbLogger.log_text: key, columns, data, step
+        name, version = "tables", "0"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tables: list[tuple[str, list[str], list[list[str]], int | None]] = []
+
+        def log_text(self, key: str, columns: list[str], data: list[list[str]], step: int | None = None) -> None:
+            self.tables.append((key, columns, data, step))
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            pass
+
+        def log_hyperparams(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    logger = Tables()
+    guard = LoadGuard(print_summary=False, auto_tune=TuneOptions(warmup_steps=2, window_steps=6))
+    trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=10)
+    trainer.callbacks.append(guard)
+    loader = timed_loader(TimedDataset(240, sample_s=0.003), batch_size=4, num_workers=1)
+    trainer.fit(TimedModule(0.002, record=False), loader)
+    by_key: dict[str, list[Any]] = {}
+    for key, columns, data, step in logger.tables:
+        assert columns == [key.rsplit("/", 1)[-1]] and len(data) == 1 and len(data[0]) == 1 and step is not None
+        by_key.setdefault(key, []).append(data[0][0])
+    # The diagnosis as text, each time its verdicts or fixes changed (its figures move every window).
+    assert by_key["loadguard/diagnosis"] and all(t.startswith("**Data path: ") for t in by_key["loadguard/diagnosis"])
+    # Each probe and the decision switch the loader's settings: one marker a switch.
+    assert guard.decision is not None
+    assert any("num_workers 1 ->" in text for text in by_key["loadguard/loader_settings"])
+    assert "loadguard/auto_tune" in by_key
+
+
+class _CheapAfter(TimedDataset):
+    """Samples that sleep 10 ms each, and 1 ms from index ``cheap_from`` on (a step change of known cost)."""
+
+    def __init__(self, length: int, cheap_from: int) -> None:
+        super().__init__(length)
+        self.cheap_from = cheap_from
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(0.001 if index >= self.cheap_from else 0.010)
+        return super().__getitem__(index)
+
+
+def test_producer_rate_is_over_the_last_four_windows_of_batches_made() -> None:
+    # One worker, batches in order, 60 batches of 4: the last 17 are cheap (4 ms of sleep), the 43 before them
+    # cost 40 ms. With a window of 5 the rate counts the last 20 batches made (docs/metrics.md): 3 dear and 17
+    # cheap, a mean of 9.4 ms of sleep. Over 3 windows it would be all cheap (4 ms), over 5 windows 15.5 ms.
+    batches, cheap, window = 60, 17, 5
+    guard = LoadGuard(window=window, print_summary=False, log_every_n_steps=window)
+    dataset = _CheapAfter(4 * batches, cheap_from=4 * (batches - cheap))
+    _trainer(guard).fit(TimedModule(0.001, record=False), timed_loader(dataset, batch_size=4, num_workers=1))
+    busy_s = 1 / guard.metrics["loadguard/producer_rate"]
+    expected = (3 * 0.040 + 17 * 0.004) / 20
+    # Sleeps overrun (most on a busy host) and a batch costs its collate too: only above, and by less than the
+    # 6.1 ms that separates 4 windows from 5.
+    assert expected <= busy_s < expected + 0.005, (busy_s, expected)

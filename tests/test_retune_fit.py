@@ -139,6 +139,12 @@ def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_fast
     first = clock.first_decision  # the light phase's decision, which the heavy phase outran
     assert first is not None and first.retunes == 0
     assert decision.num_workers > first.num_workers, (first.table(), decision.table())
+    # README: it probes again "from the running setting": the re-tune's first row is the first decision's setting.
+    running = decision.candidates[0].setting
+    assert (running.num_workers, running.prefetch_factor) == (first.num_workers, first.prefetch_factor), (
+        first.table(),
+        decision.table(),
+    )
     # The test's own clock: the fit's last steps against the most the first decision's workers sustain in the
     # heavy phase, by the costs (a sleep overruns, never underruns). Where they could nearly keep up with the step
     # already (a busy host's first probing chose many), only the worker count above says it moved.
