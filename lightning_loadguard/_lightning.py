@@ -341,9 +341,9 @@ def align_with_lightning_restart(trainer: Any) -> int:
     """Make Lightning 2.4 restore the loops as 2.5+ does; return how often it will start iterating the train
     loader before the first resumed training step.
 
-    Two restart details changed in 2.5, each detected by the attribute that came with it
-    (``_TrainingEpochLoop.restarted_on_train_batch_end``, ``_FitLoop.is_resuming``; both present on 2.5 and
-    2.6, where this function changes nothing):
+    Two restart details changed, each detected by the attribute that came with it
+    (``_TrainingEpochLoop.restarted_on_train_batch_end`` from 2.5, ``_FitLoop.is_resuming`` from 2.6; on 2.6,
+    with both, this function changes nothing):
 
     - A checkpoint written in ``on_train_batch_end`` holds ``processed = completed + 1``. 2.5+ resumes after
       that batch, or in the next epoch when it was the epoch's last. 2.4 sets every batch counter back to
@@ -351,8 +351,8 @@ def align_with_lightning_restart(trainer: Any) -> int:
       2.5 restores (:func:`_finish_saved_batch`) before the loops reset: in the checkpoint still being
       restored when the loader is built early (``estimated_stepping_batches`` in ``configure_optimizers``),
       else in the restored loops (writing ``_batches_that_stepped`` and ``fit_loop.restarting``).
-    - Resumed at an epoch boundary after epoch 0, 2.4 iterates the loader in ``setup_data`` and again at
-      the epoch's start, dropping what the first iterator fetched ahead; 2.5+ keeps the first. A dataset
+    - Resumed at an epoch boundary after epoch 0, Lightning before 2.6 iterates the loader in ``setup_data``
+      and again at the epoch's start, dropping what the first iterator fetched ahead; 2.6 keeps the first. A dataset
       whose state moves as it is read must then start both iterations from the saved state.
     """
     fit_loop = trainer.fit_loop

@@ -208,3 +208,12 @@ def test_the_demos_default_run_is_built_to_take_well_under_a_minute() -> None:
     args = cli.build_parser().parse_args(["demo"])
     designed_s = args.epochs * args.batches * (DEMO_LOAD_MS + DEMO_STEP_MS) / 1e3
     assert designed_s <= 30, designed_s
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import lightning_loadguard
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert lightning_loadguard.__version__ in capsys.readouterr().out

@@ -632,3 +632,19 @@ def test_a_producer_thousands_of_times_slower_than_the_step_costs_a_few_replays(
     assert proposal is not None
     assert proposal.num_workers <= (cap or planner_module.MAX_SEARCH_WORKERS)
     assert len(replays) <= planner_module.MAX_REPLAYS
+
+
+def test_a_probe_whose_window_made_no_batch_is_measured_again_not_judged_at_zero() -> None:
+    # Many fresh workers on slow batches: the probe's window can end before any of their next batches is made
+    # (the loop only took what they made during the warm-up). That says nothing of the setting's rate.
+    planner = Planner(LoaderSettings(1, 2), HostBudget(16, "cores"), FAST, epoch_steps=400)
+    probe = planner.record(window(10.0, 0.010, 0.100))
+    assert probe is not None and probe.num_workers > 1
+    again = planner.record(replace(window(80.0, 0.010, 0.100), batches_made=0))
+    assert again == probe and "its first window made no batch" in planner.current_note
+    assert probe not in planner.arms  # nothing recorded at 0 steps/s
+    planner.record(window(80.0, 0.010, 0.100))
+    assert planner.arms[probe].rate == pytest.approx(80.0, rel=0.01)
+    while (step := planner.record(window(80.0 if planner.current == probe else 10.0, 0.010, 0.100))) is not None:
+        assert step is not None
+    assert planner.decide().setting.num_workers >= probe.num_workers

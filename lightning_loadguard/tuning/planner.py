@@ -218,6 +218,19 @@ class Planner:
         setting to measure (``None``: decide now)."""
         setting = self.current
         note = self.current_note
+        if not failed and window.steps and window.batches_made == 0:
+            # No batch was made in the window: it was shorter than one batch of these workers, and the loop only
+            # took what was made before it. It says nothing of the setting's rate: measure the setting again
+            # where the budget holds another window (else it is judged on what it showed, as any window).
+            spent = self.steps_for(setting) if setting != self.original else 0
+            self.probe_steps += spent
+            if self._affordable(setting):
+                self.probe_time_s += window.loop_s if spent else 0.0
+                self._since_restart = None
+                self.continuing = True
+                self.current_note = self.current_note.split("; ")[0] + "; its first window made no batch"
+                return setting
+            self.probe_steps -= spent  # counted with the window below
         if not failed:
             note += self._measured(setting, window)
         self.results.append(
