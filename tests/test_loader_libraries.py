@@ -369,6 +369,8 @@ def _run_chains(
         if not installed(s["case"]["sampler"]):
             continue
         case = dict(s["case"], root=str(files / "resume" / s["name"]))
+        # The files, written here once: ranks that each wrote them on first use would race on the same paths.
+        build_loader(case["sampler"], Path(case["root"]), n=case["n"])
         scenarios.append({"name": s["name"], "case": case, "segments": [{"kill": {"kind": "step", "at": 13}}, {}]})
     (tmp / "scenarios.json").write_text(json.dumps(scenarios))
     out = tmp / "results.json"
