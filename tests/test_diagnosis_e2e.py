@@ -237,8 +237,8 @@ def test_more_spinning_workers_than_cores_oversubscribe_the_host(two_cores: int)
     diagnosis = _diagnosis(guard)
 
     # The workers make at most 2 cores / 32 ms = 62 batches/s for a step that takes 100: the producer falls short
-    # too, and where other work takes cores from them (1.4 of 2 in one CI run) that deficit can outweigh the
-    # oversubscription. Either leads; the oversubscription is always found.
+    # too, and where other work takes cores from them that deficit can outweigh the oversubscription. Either leads;
+    # the oversubscription is always found.
     assert diagnosis.verdict in ("host_oversubscribed", "producer_deficit"), diagnosis.to_text()
     finding = _finding(diagnosis, "host_oversubscribed")
     assert finding.evidence["cpu_count"] == two_cores
