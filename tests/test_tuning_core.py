@@ -212,7 +212,7 @@ def test_one_comparison_min_gain_and_the_noise() -> None:
 def test_a_window_with_no_rate_divides_nothing_and_is_never_beaten() -> None:
     # A window in which no batch was made has a sustained rate of 0: every gain over it would be infinite.
     empty = Arm(LoaderSettings(), replace(snapshot(8, 0.01, mean_wait_s=0.01), batches_made=0), 1)
-    assert empty.rate == 0.0
+    assert empty.rate == 0.0 and empty.error == math.inf
     assert gain(Arm(LoaderSettings(2), _blocky(50.0, 0.0, 0.01, 0.02), 1), empty) == (0.0, math.inf)
     planner = Planner(LoaderSettings(1, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
     planner.record(replace(window(30.0, 0.010, 0.033), batches_made=0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lightning_loadguard.meters.settings import LoaderSettings
@@ -81,3 +83,11 @@ def test_a_change_must_hold_in_windows_in_a_row() -> None:
 def test_the_hold_is_validated() -> None:
     with pytest.raises(ValueError, match="hold must be an integer >= 1"):
         DecisionWatch(REFERENCE, min_gain=0.05, hold=0)
+
+
+def test_a_window_that_measured_no_rate_is_no_change() -> None:
+    # Steps served only from batches made before the window: its wait says nothing of the producer, however long.
+    empty = replace(window(0.02, 0.01), batches_made=0)
+    assert not empty.measured_a_rate
+    assert _first_change([empty] * 10) is None
+    assert _first_change([window(0.02, 0.01), window(0.02, 0.01), empty] * 3) is None  # and it breaks a hold

@@ -247,6 +247,18 @@ class WindowSnapshot:
         return self.steps / total if total > 0 else 0.0
 
     @property
+    def measured_a_rate(self) -> bool:
+        """Whether the window says anything of the rate its loader sustains: it ran steps, and its producer made a
+        batch in it (or its batches were not counted). Steps served only from batches made before the window
+        (workers slower than the window is long) give :attr:`sustained_rate` 0, which is not the producer's rate.
+
+        Example:
+            >>> WindowSnapshot(wait_s=(0.0,) * 4, step_s=(0.1,) * 4, batches_made=0).measured_a_rate
+            False
+        """
+        return self.loop_s > 0 and self.batches_made != 0
+
+    @property
     def sustained_rate(self) -> float:
         """Steps per second the loader can keep up: a draining buffer does not count.
 

@@ -73,12 +73,13 @@ class Arm:
     @property
     def error(self) -> float:
         """Relative standard error of :attr:`rate`, read as :mod:`lightning_loadguard.model.noise` reads it (from
-        blocks of half the steps where fewer than two blocks fit); infinite where fewer than two blocks had a rate:
-        nothing says how far to trust it."""
+        blocks of half the steps where fewer than two blocks fit); infinite where the window measured no rate
+        (:attr:`WindowSnapshot.measured_a_rate`) or fewer than two blocks had one: nothing says how far to trust
+        it."""
         w = self.window
         loop = list(map(operator.add, w.wait_s, w.step_s))
         rates = block_rates(loop, max(1, min(BLOCK_STEPS, len(loop) // 2)))
-        if len(rates) < 2 or self.rate <= 0:
+        if len(rates) < 2 or not w.measured_a_rate:
             return math.inf
         return relative_error(rates)
 
@@ -218,19 +219,8 @@ class Planner:
         setting to measure (``None``: decide now)."""
         setting = self.current
         note = self.current_note
-        if not failed and window.steps and window.batches_made == 0:
-            # No batch was made in the window: it was shorter than one batch of these workers, and the loop only
-            # took what was made before it. It says nothing of the setting's rate: measure the setting again
-            # where the budget holds another window (else it is judged on what it showed, as any window).
-            spent = self.steps_for(setting) if setting != self.original else 0
-            self.probe_steps += spent
-            if self._affordable(setting):
-                self.probe_time_s += window.loop_s if spent else 0.0
-                self._since_restart = None
-                self.continuing = True
-                self.current_note = self.current_note.split("; ")[0] + "; its first window made no batch"
-                return setting
-            self.probe_steps -= spent  # counted with the window below
+        if not failed and window.steps and not window.measured_a_rate and self._measure_again(setting, window):
+            return setting
         if not failed:
             note += self._measured(setting, window)
         self.results.append(
@@ -255,6 +245,20 @@ class Planner:
         self.continuing = again
         self.current, self.current_note = proposal.setting, proposal.note
         return proposal.setting
+
+    def _measure_again(self, setting: LoaderSettings, window: WindowSnapshot) -> bool:
+        """Set ``window`` aside, as a window still settling, where the budget holds another of ``setting`` (its
+        steps are spent all the same); else it is judged on what it showed, as any window."""
+        spent = self.steps_for(setting) if setting != self.original else 0
+        self.probe_steps += spent
+        if not self._affordable(setting):
+            self.probe_steps -= spent  # counted with the window, in :meth:`record`
+            return False
+        self.probe_time_s += window.loop_s if spent else 0.0
+        self._since_restart = None
+        self.continuing = True
+        self.current_note = self.current_note.split("; ")[0] + "; its first window made no batch"
+        return True
 
     def _measured(self, setting: LoaderSettings, window: WindowSnapshot) -> str:
         """Join ``window`` to the setting's arm; a note where earlier windows were set aside as settling."""

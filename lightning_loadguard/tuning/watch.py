@@ -123,7 +123,9 @@ class DecisionWatch:
 
     def _changed(self, window: WindowSnapshot) -> bool:
         """Whether the share of ``window``'s loop a faster loader could win back grew over the reference's by
-        ``min_gain`` and beyond the window's noise."""
+        ``min_gain`` and beyond the window's noise (a window that measured no rate shows no change)."""
+        if not window.measured_a_rate:
+            return False
         winnable = self._winnable(window)
         grew = winnable - self.reference.winnable
         return winnable >= WAIT_OK and grew >= self.min_gain and grew > _share_noise(window)
