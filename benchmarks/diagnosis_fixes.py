@@ -37,12 +37,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_loadguard import LoadGuard
+from lightning_loadguard.meters.settings import SWITCHABLE, settings_of
 from lightning_loadguard.model.findings import Diagnosis
 from lightning_loadguard.report import render_table
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -272,16 +274,9 @@ def _describe(settings: dict[str, Any]) -> str:
 
 def _same(loader: dict[str, Any], applied: dict[str, Any]) -> bool:
     """Whether ``applied`` leaves the loader as it was (a tuner that kept the user's settings)."""
-    if not applied:
-        return True
-    if set(applied) - {"num_workers", "prefetch_factor", "persistent_workers"}:
+    if set(applied) - set(SWITCHABLE):
         return False  # a collate_fn or another change in code
-    workers = loader.get("num_workers", 0)
-    merged = {**loader, **applied}
-    if merged.get("num_workers", 0) != workers:
-        return False
-    depth = (loader.get("prefetch_factor") or 2, merged.get("prefetch_factor") or 2) if workers else (0, 0)
-    return depth[0] == depth[1] and merged.get("persistent_workers", False) == loader.get("persistent_workers", False)
+    return settings_of(SimpleNamespace(**loader)) == settings_of(SimpleNamespace(**{**loader, **applied}))
 
 
 def _spinner() -> subprocess.Popen[bytes]:

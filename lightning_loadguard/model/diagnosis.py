@@ -148,17 +148,13 @@ def diagnose(
         raise ValueError("snapshot.step_s must hold at least one step")
     loop = _loop_overhead(snapshot)
     facts = _gather(snapshot.device_view(), [h.device_view() for h in history], tuner)
-    findings = [
-        f
-        for rule in (_deficit, _bursty, _transfer, _straggler, _oversubscribed, _memory)
-        if (f := rule(facts)) is not None
-    ]
-    if loop is not None:
-        findings.append(loop)
     epoch = _epoch_start(facts, steps_per_epoch)
-    if epoch is not None:
-        findings.append(epoch)
-    findings = [_against_the_tuner(f, facts) for f in findings]
+    speed = [f for rule in (_deficit, _bursty, _transfer, _straggler, _oversubscribed) if (f := rule(facts))]
+    findings = [_against_the_tuner(f, facts) for f in [*speed, loop, epoch] if f is not None]
+    # Memory is a wall, whatever the speed: the tuner's measured rates do not speak to it.
+    memory = _memory(facts)
+    if memory is not None:
+        findings.append(memory)
     if facts.draining is None and not any(f.verdict in _LOSSES for f in findings):
         findings.append(_compute_bound(facts))
     findings.sort(key=lambda f: (-f.severity, VERDICTS.index(f.verdict)))
@@ -626,18 +622,11 @@ def _straggler(facts: _Facts) -> Finding | None:
     return Finding("straggler_rank", min(1.0, worst - typical), evidence, fix, summary)
 
 
-def _same_loading(a: LoaderSettings, b: LoaderSettings) -> bool:
-    """Whether two settings load alike in a steady window (persistent workers change only an epoch's start)."""
-    return (a.num_workers, a.prefetch_factor, a.pin_memory) == (b.num_workers, b.prefetch_factor, b.pin_memory)
-
-
 def _against_the_tuner(finding: Finding, facts: _Facts) -> Finding:
     """``finding``, made a hypothesis where its fix names a setting the tuner measured in this run and did not
     choose while its choice runs, with the two measured rates in its text."""
     chosen, measured, now = facts.tuner.chosen, facts.tuner.measured, facts.snap.settings
-    if finding.verdict == "memory_risk":  # a wall, whatever the speed
-        return finding
-    if not finding.recommended or chosen is None or not _same_loading(now, chosen):
+    if not finding.recommended or chosen is None or not now.same_loader(chosen):
         return finding
     fields = {k: v for k, v in finding.recommended.items() if k in LoaderSettings.__dataclass_fields__}
     if not fields:
@@ -645,9 +634,9 @@ def _against_the_tuner(finding: Finding, facts: _Facts) -> Finding:
     target = replace(now, **fields)
     if target.num_workers == 0:
         target = replace(target, prefetch_factor=None)
-    target_rates = [rate for setting, rate in measured if _same_loading(setting, target)]
-    chosen_rates = [rate for setting, rate in measured if _same_loading(setting, chosen)]
-    if _same_loading(target, chosen) or not target_rates or not chosen_rates:
+    target_rates = [rate for setting, rate in measured if setting.same_loader(target)]
+    chosen_rates = [rate for setting, rate in measured if setting.same_loader(chosen)]
+    if target.same_loader(chosen) or not target_rates or not chosen_rates:
         return finding
     measured_here = (
         f" The auto-tuner measured {target.label} in this run at {fmean(target_rates):.1f} steps/s against "
@@ -687,45 +676,43 @@ def _oversubscribed(facts: _Facts) -> Finding | None:
         "worker_cpu_share": cpu_share,
     }
     fewer = max(1, budget)
-    fix = f"num_workers={fewer} (now {facts.workers}): more workers than cores slow the step they feed."
     summary = (
         f"Host oversubscribed: {_plural(total, 'worker process')} of {_plural(procs, 'training process')} "
         f"on {host.cpu_count} cores."
     ).replace("processs", "processes")
-    # A worker makes a batch no faster than its CPU time: where even that ceiling of the workers the cores carry
-    # is below the rate the loop sustains now, that many would slow the run, whatever the contention costs.
+    fix, recommended, certain = _fewer_workers(facts, fewer, evidence)
+    return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary, recommended, certain)
+
+
+def _fewer_workers(facts: _Facts, fewer: int, evidence: Evidence) -> tuple[str, dict[str, int], bool]:
+    """The fix for too many workers (its text, its settings, whether it is certain): the ``fewer`` the cores
+    carry, unless even their ceiling is below the rate the loop sustains now (a worker makes a batch no faster
+    than its CPU time), where that many would slow the run whatever the contention costs: then the fewest whose
+    ceiling reaches that rate, as a hypothesis, or none at all."""
     batch_cpu, now = facts.snap.batch_cpu_s, facts.snap.sustained_rate
-    if batch_cpu and fewer < facts.workers and fewer / batch_cpu < now:
-        evidence["fewer_workers_ceiling"] = fewer / batch_cpu
-        least = math.ceil(now * batch_cpu - 1e-9)  # the fewest whose ceiling reaches today's rate
-        short = (
-            f"the {_plural(fewer, 'worker')} the cores carry would make at most {fewer / batch_cpu:.3g} batches/s "
-            f"(a batch takes {batch_cpu * 1e3:.3g} ms of CPU), below the {now:.3g} steps/s the loop sustains now"
-        )
-        cheaper = (
-            "The cores are short for this pipeline: make each batch cheaper (lighter transforms, cached decoded "
-            "samples, batch-level augmentation in the step) or give the job more cores."
-        )
-        if least >= facts.workers:
-            fix = f"Keep num_workers={facts.workers}: {short}, so fewer workers would slow this run. {cheaper}"
-            return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary)
-        fix = (
-            f"num_workers={least} (now {facts.workers}), the fewest that could make the batches the loop takes now: "
-            f"{short}. Whether {least} beats {facts.workers} on these cores is not known: measure both side by side. "
-            + cheaper
-        )
-        return Finding("host_oversubscribed", min(1.0, severity), evidence, fix, summary, {"num_workers": least}, False)
-    # Fewer workers is a fix only where they were measured to compute (not to wait on I/O).
-    certain = facts.snap.cpu_share is not None
-    return Finding(
-        "host_oversubscribed",
-        min(1.0, severity),
-        evidence,
-        fix,
-        summary,
-        {"num_workers": fewer},
-        certain,
+    ceiling = fewer / batch_cpu if batch_cpu else math.inf
+    if fewer >= facts.workers or ceiling >= now:
+        fix = f"num_workers={fewer} (now {facts.workers}): more workers than cores slow the step they feed."
+        # Fewer workers is a fix only where they were measured to compute (not to wait on I/O).
+        return fix, {"num_workers": fewer}, facts.snap.cpu_share is not None
+    evidence["fewer_workers_ceiling"] = ceiling
+    least = math.ceil(now * batch_cpu - 1e-9)  # the fewest whose ceiling reaches today's rate
+    short = (
+        f"the {_plural(fewer, 'worker')} the cores carry would make at most {ceiling:.3g} batches/s "
+        f"(a batch takes {batch_cpu * 1e3:.3g} ms of CPU), below the {now:.3g} steps/s the loop sustains now"
     )
+    cheaper = (
+        "The cores are short for this pipeline: make each batch cheaper (lighter transforms, cached decoded "
+        "samples, batch-level augmentation in the step) or give the job more cores."
+    )
+    if least >= facts.workers:
+        return f"Keep num_workers={facts.workers}: {short}, so fewer workers would slow this run. {cheaper}", {}, True
+    fix = (
+        f"num_workers={least} (now {facts.workers}), the fewest that could make the batches the loop takes now: "
+        f"{short}. Whether {least} beats {facts.workers} on these cores is not known: measure both side by side. "
+        + cheaper
+    )
+    return fix, {"num_workers": least}, False
 
 
 def _memory(facts: _Facts) -> Finding | None:
