@@ -19,11 +19,10 @@ from lightning.pytorch.profilers import SimpleProfiler
 from loader_libraries import FEATURES, LIBRARIES, MAP_STYLE, build_loader, installed, iterate
 from pipelines import FETCH_ACTION, ClockedModule, Observed, quiet_trainer
 from programs import run_program
-from scripted_tuning import moved_to_workers, order_notes, scripted_window
+from scripted_tuning import moved_to_workers, order_notes
 
 from lightning_loadguard import LoadGuard, TuneOptions
 from lightning_loadguard._lightning import pl
-from lightning_loadguard.tuning.session import TuningSession
 
 CHAIN = Path(__file__).with_name("resume_chain.py")
 DDP_SCRIPT = Path(__file__).with_name("ddp_library_script.py")
@@ -267,13 +266,11 @@ def _epochs(seen: list[Any]) -> list[list[Any]]:
     return [seen[e : e + AUGMENTED] for e in range(0, len(seen), AUGMENTED)]
 
 
+@pytest.mark.usefixtures("scripted")
 @pytest.mark.parametrize("library", [_library("torchvision")])
-def test_augmentations_drawn_in_the_main_process_are_seen_and_the_new_order_said(
-    library: str, files: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_augmentations_drawn_in_the_main_process_are_seen_and_the_new_order_said(library: str, files: Path) -> None:
     # transforms.v2 draws its crops and flips from torch's global stream, the one shuffle=True draws each epoch's
     # order from: loading moved into workers leaves those draws to the workers, so later epochs' orders differ.
-    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
     untuned, _ = _fit_augmented(library, files, None)
     tuned, guard = _fit_augmented(library, files, SCRIPTED)
     assert moved_to_workers(guard)
@@ -284,11 +281,9 @@ def test_augmentations_drawn_in_the_main_process_are_seen_and_the_new_order_said
     assert len(order_notes(guard)) == 1
 
 
+@pytest.mark.usefixtures("scripted")
 @pytest.mark.parametrize("library", [_library("torchvision")])
-def test_keep_random_draws_keeps_every_augmentation_bit_identical(
-    library: str, files: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
+def test_keep_random_draws_keeps_every_augmentation_bit_identical(library: str, files: Path) -> None:
     untuned, _ = _fit_augmented(library, files, None)
     tuned, guard = _fit_augmented(library, files, TuneOptions(warmup_steps=2, window_steps=6, keep_random_draws=True))
     assert guard is not None and guard.decision is not None and not moved_to_workers(guard)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from pipelines import quiet_trainer
-from scripted_tuning import moved_to_workers, order_notes, scripted_window
+from scripted_tuning import moved_to_workers, order_notes
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_loadguard import ResumableLoaderMixin
@@ -28,7 +28,7 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.position.switch import RandomDrawWatch, order_streams
 from lightning_loadguard.synthetic import TimedModule
-from lightning_loadguard.tuning.session import TuneOptions, TuningSession
+from lightning_loadguard.tuning.session import TuneOptions
 
 LENGTH = 192
 BATCH = 4
@@ -65,11 +65,6 @@ class Records(TimedModule):
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         self.drawn.extend((float(a), float(b)) for a, b in batch[1].tolist())
         return super().training_step(batch, batch_idx)
-
-
-@pytest.fixture
-def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(TuningSession, "_measured", scripted_window)
 
 
 def run(
