@@ -10,6 +10,8 @@ Usage::
     python benchmarks/tune_sweep.py                   # 500 pipelines (seeds 0..499)
     python benchmarks/tune_sweep.py --count 100 --worst 10
     python benchmarks/tune_sweep.py --jobs 2          # in parallel processes
+    python benchmarks/tune_sweep.py --first 500       # seeds 500..999, held out of the rules' development
+    python benchmarks/tune_sweep.py --truth-seeds 4   # each setting's steady rate the mean of 4 runs
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import multiprocessing
 import subprocess
 import sys
 import time
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
@@ -26,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_sweep import Score, generate, score, summary, table
 
 
-def _one(seed: int) -> Score:
-    return score(generate(seed), seed=seed)
+def _one(seed: int, truth_seeds: int = 1) -> Score:
+    return score(generate(seed), seed=seed, truth_seeds=truth_seeds)
 
 
 def _histogram(scores: list[Score]) -> str:
@@ -39,19 +42,26 @@ def _histogram(scores: list[Score]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=500, help="pipelines (seeds 0..count-1)")
+    parser.add_argument("--count", type=int, default=500, help="pipelines (seeds first..first+count-1)")
+    parser.add_argument("--first", type=int, default=0, help="the first seed (500: pipelines held out of seeds 0..499)")
+    parser.add_argument(
+        "--truth-seeds", type=int, default=1, help="simulated runs averaged for each setting's steady rate"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--worst", type=int, default=15, help="list this many of the worst pipelines")
     args = parser.parse_args()
     started = time.perf_counter()
-    seeds = range(args.count)
+    seeds = range(args.first, args.first + args.count)
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            scores = pool.map(_one, seeds, chunksize=4)
+            scores = pool.map(partial(_one, truth_seeds=args.truth_seeds), seeds, chunksize=4)
     else:
-        scores = [_one(seed) for seed in seeds]
+        scores = [_one(seed, args.truth_seeds) for seed in seeds]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"{args.count} pipelines, commit {commit}, {time.perf_counter() - started:.0f} s\n")
+    print(
+        f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: the mean of {args.truth_seeds} "
+        f"runs per setting), commit {commit}, {time.perf_counter() - started:.0f} s\n"
+    )
     print(table(summary(scores)))
     print(f"\ntuned / best: {_histogram(scores)}")
     print(f"\nworst {args.worst}:")

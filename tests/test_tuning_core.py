@@ -325,6 +325,25 @@ def test_where_one_more_worker_did_not_pay_twice_as_many_are_measured_once() -> 
     assert planner.decide().num_workers >= 3
 
 
+def test_a_count_up_that_measured_slower_within_the_noise_is_measured_again_before_the_search_turns() -> None:
+    # tests/sim_sweep.py's bursty-814: 2 workers ran 46 steps/s, 4 (59 in the steady state) 45.9 in one noisy
+    # window, and the search went down with 90 % of the budget left. Here 5 workers first read 2 % slower than
+    # 1 within the noise, then their steady 95.
+    planner = Planner(LoaderSettings(1, 2), HostBudget(16, "cores"), FAST, epoch_steps=2000)
+    up = planner.record(_blocky(50.0, 0.3, 0.010, 0.040))
+    assert up is not None and up.num_workers > 1
+    again = planner.record(_blocky(49.0, 0.3, 0.010, 0.040))
+    assert again == up and planner.current_note == "the search: measured again, slower within the noise"
+    following = planner.record(_blocky(95.0, 0.0, 0.010, 0.040))
+    assert following is not None and following.num_workers > up.num_workers  # up again from the count it kept
+    # Measured slower beyond the noise, a count is not measured again: the search turns at once.
+    planner = Planner(LoaderSettings(1, 2), HostBudget(16, "cores"), FAST, epoch_steps=2000)
+    up = planner.record(_blocky(50.0, 0.0, 0.010, 0.040))
+    assert up is not None
+    turned = planner.record(_blocky(40.0, 0.0, 0.010, 0.040))
+    assert turned != up and "measured again" not in planner.current_note
+
+
 def test_the_cores_prediction_is_where_the_search_starts_not_where_it_stops() -> None:
     # Little's law asks for 9 workers, the cores are predicted to hold 3: 3 first, then past the prediction
     # while each count up pays.

@@ -7,7 +7,8 @@ One procedure (docs/tuning.md states it in five sentences):
    later one of the same run beats beyond the noise had not settled after the restart, and is set aside.
 2. The worker count moves by one search: from the model's estimate (Little's law on the measured production
    time, raised to the count the buffer replay of the bursts asks for), up by half while the last count up beat
-   the one before, between the best count and a slower one, down by half where more did not pay, and once to
+   the one before, once more at a count above the best that read slower only within the noise, between the best
+   count and a slower one, down by half where more did not pay, and once to
    twice a count that did not pay; at the search's best count, the depth the buffer replay asks for. Memory and
    the user's cap clamp every setting; the cores' prediction is where the search starts, not where it stops.
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
@@ -113,6 +114,12 @@ def beats(a: Measured, b: Measured, margin: float) -> bool:
     """The one comparison: ``a`` faster than ``b`` by ``margin`` and by more than the noise."""
     g, noise = gain(a, b)
     return g >= margin and g > noise
+
+
+def _within_noise(a: Measured, b: Measured) -> bool:
+    """Whether ``b`` measured slower than ``a`` by less than the noise."""
+    g, noise = gain(a, b)
+    return g < noise
 
 
 @dataclass
@@ -336,6 +343,11 @@ class Planner:
             proposal = self._at(best.setting, target, "the search: up from the best count")
             if proposal is not None:
                 return proposal
+        # A count above the best that measured slower once, but not beyond the noise, is measured again before the
+        # search turns away from it, where the loop still waits.
+        unsure = [w for w in above if counts[w].windows < 2 and _within_noise(best, counts[w])]
+        if unsure and _winnable(best) >= WAIT_OK:
+            return _Proposal(counts[min(unsure)].setting, "the search: measured again, slower within the noise")
         # Between the best and a slower neighbour, while they are more than a quarter apart (a worker or two among
         # many changes the rate by less than the windows can tell).
         if above and min(above) - b > max(1, b // 4):
