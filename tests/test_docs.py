@@ -366,3 +366,10 @@ def test_ci_names_test_files_and_ids_that_exist() -> None:
         assert (root / path).exists(), path
         if name:
             assert f"def {name}(" in (root / path).read_text(), f"{path}::{name}"
+
+
+def test_the_tuning_page_opens_with_the_procedure_in_five_sentences_and_stays_short() -> None:
+    text = (DOCS / "tuning.md").read_text()
+    assert len(text.splitlines()) < 200
+    procedure = text.split("## How it decides", 1)[1].split("\n\n")[2]
+    assert re.findall(r"^(\d)\. \*\*", procedure, re.M) == ["1", "2", "3", "4", "5"]
