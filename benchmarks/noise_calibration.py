@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_pipeline import Sim
 from sim_sweep import generate
+from workloads import commit
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.tuning.planner import Arm
@@ -63,8 +63,7 @@ def main() -> None:
             if ratio is not None:
                 by_family.setdefault(pipeline.family, []).append(ratio)
                 by_family.setdefault("all", []).append(ratio)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"{args.count} pipelines, {args.windows} windows of {args.steps} steps per setting, commit {commit}\n")
+    print(f"{args.count} pipelines, {args.windows} windows of {args.steps} steps per setting, commit {commit()}\n")
     print("| family | settings | median estimate / spread | 10th percentile | 90th percentile | under half |")
     print("|---|---|---|---|---|---|")
     for family in ["all", *sorted(f for f in by_family if f != "all")]:

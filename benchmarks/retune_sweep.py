@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
-import subprocess
 import sys
 import time
 from functools import partial
@@ -30,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_retune import PRE_WINDOWS, SPANS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
+from workloads import commit
 
 _SPAN_WORDS = {
     "session": "where the session re-tunes (the rest of the epoch where it holds three candidates, else from the "
@@ -78,10 +78,9 @@ def main() -> None:
         results = [one(seed) for seed in range(args.count)]
     all_trials = [t for ts, _ in results for t in ts]
     controls = [c for _, c in results]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     tuned = len({t.pipeline.name for t in all_trials})
     print(
-        f"{args.count} pipelines ({tuned} tuned), commit {commit}, {time.perf_counter() - started:.0f} s; the change "
+        f"{args.count} pipelines ({tuned} tuned), commit {commit()}, {time.perf_counter() - started:.0f} s; the change "
         f"after {PRE_WINDOWS} windows, at most {WATCH_WINDOWS} windows read after it and in the control; re-tunes "
         f"{_SPAN_WORDS[args.span]}; "
         + ("windows back to back" if args.log_every is None else f"windows cut at logging steps every {args.log_every}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import subprocess
 import sys
 import time
 from functools import partial
@@ -27,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_sweep import Score, generate, score, summary, table
+from workloads import commit
 
 
 def _one(seed: int, truth_seeds: int = 1) -> Score:
@@ -57,10 +57,9 @@ def main() -> None:
             scores = pool.map(partial(_one, truth_seeds=args.truth_seeds), seeds, chunksize=4)
     else:
         scores = [_one(seed, args.truth_seeds) for seed in seeds]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(
         f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: the mean of {args.truth_seeds} "
-        f"runs per setting), commit {commit}, {time.perf_counter() - started:.0f} s\n"
+        f"runs per setting), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
     )
     print(table(summary(scores)))
     print(f"\ntuned / best: {_histogram(scores)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,8 @@ class Stopwatch(pl.Callback):
         periods = [b - a for a, b in zip(self.starts, [*self.starts[1:], end], strict=True)]
         cap = 2 * statistics.median(periods)
         self.clipped_rate = len(periods) / math.fsum(min(p, cap) for p in periods)
+
+
+def commit() -> str:
+    """The commit checked out, as a results table names it."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
