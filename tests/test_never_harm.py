@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import multiprocessing
 import pickle
 import warnings
 from collections.abc import Callable, Iterator
@@ -319,6 +320,64 @@ def test_the_users_loader_errors_pass_through_unchanged(workers: int) -> None:
     with pytest.raises(KeyError, match="the user's missing sample"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(TimedModule(), loader)
+
+
+class FailsFromEpochOne(Dataset):
+    """Sample 9 raises from the epoch :attr:`failing` is set in (shared memory: workers see it too)."""
+
+    def __init__(self) -> None:
+        self.failing = multiprocessing.get_context("fork").Value("b", 0)
+
+    def __len__(self) -> int:
+        return 192
+
+    def __getitem__(self, index: int) -> Any:
+        if self.failing.value and index == 9:
+            raise KeyError("the user's missing sample")
+        return torch.tensor(index), torch.zeros(16)
+
+
+class FailFromEpochOne(pl.Callback):
+    def __init__(self, dataset: FailsFromEpochOne) -> None:
+        self.dataset = dataset
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.dataset.failing.value = int(trainer.current_epoch >= 1)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_loader_error_after_the_decision_passes_through_unchanged() -> None:
+    # Decided in epoch 0 (loading moved into workers); from epoch 1 Lightning makes the iterators, and the user's
+    # error reaches them as torch raises it.
+    dataset = FailsFromEpochOne()
+    guard = LoadGuard(print_summary=False, auto_tune=FAST)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[guard, FailFromEpochOne(dataset)])
+    with pytest.raises(KeyError, match="the user's missing sample"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TimedModule(), DataLoader(dataset, batch_size=4, shuffle=True))
+    assert guard.decision is not None and guard.decision.num_workers > 0
+    assert trainer.current_epoch == 1
+
+
+class StepTakesTheIterator(TimedModule):
+    def training_step(self, dataloader_iter: Iterator[Any]) -> torch.Tensor:  # type: ignore[override]
+        batch, batch_idx, _ = next(dataloader_iter)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_takes_the_loader_iterator_is_not_tuned_and_says_why() -> None:
+    # The iterator the tuner would replace is the step's own: tuning stops before any switch, said once.
+    module = StepTakesTheIterator()
+    guard = LoadGuard(print_summary=False, auto_tune=FAST)
+    seen, _ = train(
+        lambda: DataLoader(TimedDataset(800, sample_s=0.0005), batch_size=4), guard, epochs=1, module=module
+    )
+    assert guard.decision is None
+    assert [n for n in guard._said if "dataloader_iter" in n] == [
+        "auto-tuning stopped: training_step takes the loader iterator itself (dataloader_iter), so it cannot be "
+        "swapped. Your settings are kept; training is not affected."
+    ]
+    assert seen == list(range(800))
 
 
 class StrictLogger(pl.loggers.CSVLogger):

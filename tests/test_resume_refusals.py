@@ -7,6 +7,7 @@ with an error that says what to do, unless ``allow_inexact_resume``.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from lightning_loadguard.datamodule import STATE_KEY
 from lightning_loadguard.position import PositionMismatchError, make_resumable
+from lightning_loadguard.position.cursor import EpochCursor
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -189,3 +191,22 @@ def test_a_fit_refused_in_train_dataloader_leaves_torchs_loader_classes_as_they_
             trainer.fit(TimedModule(), datamodule=Refused({"n": 8, "batch_size": 2}))
     assert {cls: dict(vars(cls)) for cls in before} == before
     assert not any(name.startswith("_DataLoader__pl") or "__pl_" in name for name in vars(DataLoader(range(4))))
+
+
+def test_a_loop_whose_count_disagrees_with_the_loaders_stops_before_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loader's cursor misses one finished step (a hook that did not run): before the next step the loop's
+    # batch_idx is one ahead of the loader's count, and the fit stops rather than train a sample out of order.
+    counted = EpochCursor.consumed
+    calls: list[int] = []
+
+    def missing_the_second(self: EpochCursor, total: float = math.inf) -> None:
+        calls.append(self.batches)
+        if len(calls) != 2:
+            counted(self, total)
+
+    monkeypatch.setattr(EpochCursor, "consumed", missing_the_second)
+    with pytest.raises(
+        PositionMismatchError,
+        match=r"about to train batch 2 of its epoch, the loader continues after 1 consumed batches of epoch 0",
+    ):
+        run(BASE)

@@ -312,6 +312,18 @@ def test_more_workers_measured_slower_send_the_search_between_them() -> None:
     assert planner.decide().num_workers == 6
 
 
+def test_where_more_did_not_pay_from_the_lowest_count_the_search_halves_it() -> None:
+    # Your 4 workers run fastest: 6 (the count up) and 5 (between) measured slower, so half as many are measured
+    # (the hand-over or the cores the workers take from the step may cost more than they make).
+    measure = {w: (38.0, 0.010) for w in range(13)} | {2: (30.0, 0.010), 4: (50.0, 0.010), 5: (45.0, 0.010)}
+    measure |= {6: (40.0, 0.010)}
+    planner = Planner(LoaderSettings(4, 2), HostBudget(16, "cores"), FAST, epoch_steps=2000)
+    probed = _search(planner, measure, 0.040)
+    assert probed[:4] == [4, 6, 5, 2], planner.decide().table()
+    assert planner.results[3].note == "the search: fewer workers, since more did not pay"
+    assert planner.decide().num_workers == 4
+
+
 def test_where_one_more_worker_did_not_pay_twice_as_many_are_measured_once() -> None:
     # Three other processes keep two cores busy and the step computes on both: one worker beside in-process
     # loading wins nothing, three win a share of the cores (tests/sim_sweep.py's cpu_contended-213: 0.42 of the
@@ -529,6 +541,19 @@ def test_iterable_datasets_only_get_a_deeper_buffer_from_the_model() -> None:
     tight = HostBudget(8, "cores", max_in_flight=6, memory_bound="shm")
     bounded = model_only_decision(LoaderSettings(2, 2), tight, FAST, bursty, "iterable")
     assert bounded.prefetch_factor == 3 and bounded.bounded_by == "shm"
+
+
+def test_tune_persistent_workers_false_never_turns_them_on() -> None:
+    # Starting the workers costs 1 s of a 7 s epoch: persistent workers are chosen unless the option forbids them.
+    decided = {}
+    for allowed in (True, False):
+        options = replace(FAST, tune_persistent_workers=allowed, persistent_min_share=0.0)
+        planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), options, epoch_steps=400)
+        planner.record(window(20.0, 0.010, 0.05))
+        planner.record(window(60.0, 0.010, 0.05))
+        decided[allowed] = planner.decide(startup_s=1.0)
+    assert decided[True].num_workers == decided[False].num_workers == 3
+    assert decided[True].persistent_workers and not decided[False].persistent_workers
 
 
 def test_decision_round_trips_through_plain_data() -> None:

@@ -83,8 +83,7 @@ def _span_choices(max_epochs: int | None) -> tuple[int, ...]:
 
 def _spanning_planner(make: Callable[[int], Planner], spans: tuple[int, ...]) -> Planner:
     """The fewest epochs whose probe budget holds ``_PROBES_WANTED`` candidates, or failing that the most the
-    fit allows (a budget that holds one or two candidates decides on one or two: on the simulated sweep,
-    benchmarks/tune_sweep.py, most of the pipelines tuned below 0.95 of the best were those)."""
+    fit allows (a budget that holds one or two candidates decides on one or two)."""
     planners = [make(span) for span in spans]
     able = [p for p in planners if p.can_start()]
     roomy = [p for p in able if p.budget_steps >= _PROBES_WANTED * p.window]
