@@ -9,6 +9,8 @@ buffer of any depth hides nothing more), and the wait is that period less ``x``.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 from statistics import fmean, pstdev
@@ -16,6 +18,7 @@ from statistics import fmean, pstdev
 import pytest
 from buffer_oracle import brute_force_depth
 
+from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
@@ -318,3 +321,40 @@ def test_more_processes_than_cores_mark_the_wait_a_lower_bound() -> None:
     marked = "read the wait as a lower bound"
     assert not any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=2)).notes)  # 6 on 8 cores
     assert any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=3)).notes)  # 9 on 8 cores
+
+
+def test_a_worker_count_short_of_the_step_binds_first_at_the_step_over_their_capacity() -> None:
+    # Twice as fast a step (10 ms) wants 100 batches/s; one worker makes a batch in 16 ms, 62.5 a second.
+    f = forecast(_facts(), WhatIf(step_speedup=2.0))
+    assert f.loads["workers"] == pytest.approx((1 / 0.010) / (1 / 0.016))
+    assert f.binds_first == "workers" and f.limited_by == "workers"
+    assert f.throughput.value == pytest.approx(_steady(0.010, 0.016, 1)[0], rel=0.02)
+
+
+def test_a_faster_step_is_taken_to_need_that_much_less_cpu() -> None:
+    # Half the step's 20 ms computes on a core; twice as fast, at the 100 steps/s two workers keep up with, the
+    # loop's thread uses 5 ms of CPU a step: half a core.
+    f = forecast(_facts(step_cpu_s=0.010, num_workers=2), WhatIf(step_speedup=2.0))
+    assert f.throughput.value == pytest.approx(_steady(0.010, 0.016, 2)[0], rel=0.02)
+    assert f.loop_cores == pytest.approx(100 * 0.005, rel=0.02)
+
+
+def test_more_ranks_say_that_gradient_synchronisation_is_not_in_the_step() -> None:
+    note = "gradient synchronisation between more ranks is not in the measured step"
+    assert note in forecast(_facts(), WhatIf(ranks_per_node=4)).notes
+    assert note not in forecast(_facts(), WhatIf()).notes
+    assert note not in forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=4)).notes
+
+
+def test_a_run_without_workers_forecasts_workers_from_the_loops_fetch_and_says_so() -> None:
+    # Measured in process: each fetch took 16 ms; two workers making a batch in that time keep up with a 20 ms step.
+    f = forecast(_facts(num_workers=0, handover_s=None), WhatIf(num_workers=2))
+    assert "measured without workers: a worker is taken to make a batch in the time the loop's fetch took" in f.notes
+    assert f.throughput.value == pytest.approx(_steady(0.020, 0.016, 2)[0], rel=0.02)
+    assert f.wait_fraction.value == pytest.approx(0.0, abs=0.01)
+
+
+def test_loadguard_forecast_takes_the_what_ifs_arguments() -> None:
+    parameters = inspect.signature(LoadGuard.forecast).parameters
+    taken = {name: p.default for name, p in parameters.items() if name != "self"}
+    assert taken == {f.name: f.default for f in dataclasses.fields(WhatIf)}

@@ -16,11 +16,11 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from resume_harness import Batches, Data, Indexed, run
+from resume_harness import Batches, Data, Indexed, make_datamodule, run
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from lightning_loadguard.datamodule import STATE_KEY
-from lightning_loadguard.position import PositionMismatchError, make_resumable
+from lightning_loadguard.position import LoaderPosition, PositionMismatchError, make_resumable
 from lightning_loadguard.position.cursor import EpochCursor
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -210,3 +210,13 @@ def test_a_loop_whose_count_disagrees_with_the_loaders_stops_before_the_step(mon
         match=r"about to train batch 2 of its epoch, the loader continues after 1 consumed batches of epoch 0",
     ):
         run(BASE)
+
+
+def test_loader_position_is_the_consumers_place_and_what_the_checkpoint_stores(tmp_path: Path) -> None:
+    assert make_datamodule(BASE).loader_position is None  # no loader built yet
+    ckpt = str(tmp_path / "mid.ckpt")
+    _, data, _ = run(dict(BASE, stop_kind="step", stop_at=7), ckpt_out=ckpt)
+    position = data.loader_position
+    assert position is not None and (position.epoch, position.batches_consumed) == (1, 2)  # 5 + 2 steps of 4
+    stored = torch.load(ckpt, weights_only=False)["Data"][STATE_KEY]
+    assert position == LoaderPosition.from_state_dict(stored)
