@@ -14,6 +14,7 @@ import pytest
 from lightning_loadguard import LoadGuard
 from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
 from lightning_loadguard.model import VERDICTS
+from lightning_loadguard.model.forecast import WhatIf
 from lightning_loadguard.tuning.options import TuneOptions
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -373,3 +374,31 @@ def test_the_tuning_page_opens_with_the_procedure_in_five_sentences_and_stays_sh
     assert len(text.splitlines()) < 200
     procedure = text.split("## How it decides", 1)[1].split("\n\n")[2]
     assert re.findall(r"^(\d)\. \*\*", procedure, re.M) == ["1", "2", "3", "4", "5"]
+
+
+def test_loadguard_forecast_takes_the_what_ifs_arguments() -> None:
+    # api.md: "`LoadGuard.forecast` takes the same arguments" as WhatIf, with the same defaults.
+    parameters = inspect.signature(LoadGuard.forecast).parameters
+    taken = {name: p.default for name, p in parameters.items() if name != "self"}
+    assert taken == {f.name: f.default for f in dataclasses.fields(WhatIf)}
+
+
+CORE_TESTS = (
+    "test_diagnosis.py",
+    "test_position.py",
+    "test_tuning_core.py",
+    "test_tuning_watch.py",
+    "test_forecast.py",
+)
+
+
+@pytest.mark.parametrize("name", CORE_TESTS)
+def test_the_core_is_unit_tested_without_a_trainer(name: str) -> None:
+    # README and architecture.md: the core is plain Python, unit-tested without a Trainer.
+    tree = ast.parse((Path(__file__).parent / name).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m.split(".")[0] for m in imported} & {"lightning", "pytorch_lightning", "pipelines"}, imported
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not used & {"Trainer", "quiet_trainer", "fit", "pl"}, used & {"Trainer", "quiet_trainer", "fit", "pl"}

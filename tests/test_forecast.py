@@ -9,8 +9,6 @@ buffer of any depth hides nothing more), and the wait is that period less ``x``.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import math
 from statistics import fmean, pstdev
@@ -18,7 +16,6 @@ from statistics import fmean, pstdev
 import pytest
 from buffer_oracle import brute_force_depth
 
-from lightning_loadguard import LoadGuard
 from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
@@ -84,6 +81,9 @@ def test_the_hand_over_is_paid_on_every_fetch_and_counts_as_wait() -> None:
     assert result.throughput.value == pytest.approx(rate, rel=1e-6)  # 1 / 22 ms
     assert result.wait_fraction.value == pytest.approx(wait, abs=1e-6)  # 2 / 22
     assert result.consumer_rate == pytest.approx(1 / 0.022)
+    # A batch twice the size takes twice as long to hand over, as to make and to step on.
+    doubled = forecast(_facts(handover_s=0.002), WhatIf(batch_scale=2.0))
+    assert doubled.consumer_rate == pytest.approx(1 / (2 * 0.020 + 2 * 0.002))
 
 
 def test_workers_needed_follow_littles_law_with_a_fifth_spare() -> None:
@@ -352,9 +352,3 @@ def test_a_run_without_workers_forecasts_workers_from_the_loops_fetch_and_says_s
     assert "measured without workers: a worker is taken to make a batch in the time the loop's fetch took" in f.notes
     assert f.throughput.value == pytest.approx(_steady(0.020, 0.016, 2)[0], rel=0.02)
     assert f.wait_fraction.value == pytest.approx(0.0, abs=0.01)
-
-
-def test_loadguard_forecast_takes_the_what_ifs_arguments() -> None:
-    parameters = inspect.signature(LoadGuard.forecast).parameters
-    taken = {name: p.default for name, p in parameters.items() if name != "self"}
-    assert taken == {f.name: f.default for f in dataclasses.fields(WhatIf)}
