@@ -306,18 +306,7 @@ def test_the_hosts_own_sums_scale_with_the_ranks_where_the_settings_are_kept() -
 
 
 def test_more_processes_than_cores_mark_the_wait_a_lower_bound() -> None:
-    from lightning_loadguard.model.forecast import ForecastFacts, WhatIf, forecast
-
-    facts = ForecastFacts(
-        production_s=(0.016,) * 64,
-        step_s=(0.020,) * 64,
-        num_workers=2,
-        cpu_share=1.0,
-        batch_cpu_s=0.016,
-        step_cpu_s=0.002,
-        usable_cores=8.0,
-        host_cores=8,
-    )
+    facts = _facts(num_workers=2, step_cpu_s=0.002, handover_s=None)
     marked = "read the wait as a lower bound"
     assert not any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=2)).notes)  # 6 on 8 cores
     assert any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=3)).notes)  # 9 on 8 cores
