@@ -13,12 +13,15 @@ import ast
 import inspect
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch.utils.data
 
+from lightning_loadguard import _lightning
 from lightning_loadguard._lightning import pl
+from lightning_loadguard.position import PositionMismatchError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_loadguard"
 SEAM = ("_lightning.py", "_lightning/")
@@ -197,3 +200,15 @@ def test_a_fetch_action_lightning_no_longer_names_is_said_once(monkeypatch: pyte
     said, metrics = _fit_and_say(max_epochs=2)
     assert len(said) == 1 and "[_TrainingEpochLoop].train_dataloader_next" in said[0]
     assert "loadguard/wait_fraction" not in metrics and "loadguard/producer_rate" in metrics
+
+
+def test_an_internal_the_resume_reads_that_is_missing_is_refused_not_guessed() -> None:
+    # docs/resume.md: where an internal the mixin reads is missing, it refuses with PositionMismatchError.
+    elsewhere = SimpleNamespace(fit_loop=SimpleNamespace())  # a trainer of some other layout
+    with pytest.raises(PositionMismatchError, match=r"keeps no checkpoint being restored where versions 2.4-2.6 do"):
+        _lightning.loaded_checkpoint(elsewhere)
+    with pytest.raises(PositionMismatchError, match=r"keeps no batch progress where .*exact resume is refused"):
+        _lightning.batches_done_in_epoch(elsewhere)
+    restoring = SimpleNamespace(_checkpoint_connector=SimpleNamespace(_loaded_checkpoint={"state_dict": {}}))
+    with pytest.raises(PositionMismatchError, match=r"keeps no batch progress in the checkpoint"):
+        _lightning.shift_restored_batch_count(restoring, 2)
