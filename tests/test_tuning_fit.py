@@ -446,3 +446,20 @@ def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkey
     assert len(decision.candidates) >= 2  # workers started for a candidate: a start-up was measured
     assert decision.setting == decision.original
     assert not trainer.train_dataloader.persistent_workers
+
+
+@pytest.mark.usefixtures("scripted")
+@pytest.mark.parametrize(("limit", "epoch_steps"), [(None, 200), (40, 40)])
+def test_the_probe_budget_is_a_share_of_the_epoch_the_trainer_runs(limit: int | None, epoch_steps: int) -> None:
+    # docs/architecture.md: the epoch's steps are the trainer's (limit_train_batches), not the loader's length.
+    options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
+    guard = LoadGuard(print_summary=False, auto_tune=options)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[guard], limit_train_batches=limit or 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TimedModule(), DataLoader(TimedDataset(800), batch_size=4))
+    decision = guard.decision
+    assert decision is not None and trainer.num_training_batches == epoch_steps
+    spans = [span for span in (1, 2, 3) if decision.probe_budget_steps == int(options.probe_share * epoch_steps * span)]
+    assert spans, (decision.probe_budget_steps, epoch_steps)
+    assert decision.probe_steps <= decision.probe_budget_steps
