@@ -8,9 +8,9 @@ One procedure (docs/tuning.md states it in five sentences):
 2. The worker count moves by one search: from the model's estimate (Little's law on the measured production
    time, raised to the count the buffer replay of the bursts asks for), up by half while the last count up beat
    the one before, once more at a count above the best that read slower only within the noise, between the best
-   count and a slower one, down by half where more did not pay, and once to
-   twice a count that did not pay; at the search's best count, the depth the buffer replay asks for. Memory and
-   the user's cap clamp every setting; the cores' prediction is where the search starts, not where it stops.
+   count and a slower one, down by half where more did not pay, and once to twice a count that did not pay; at
+   the search's best count, the depth the buffer replay asks for. Memory and the user's cap clamp every setting;
+   the cores' prediction is where the search starts, not where it stops.
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
 4. One comparison decides everything: a setting beats another when it is faster by ``min_gain`` and by more
