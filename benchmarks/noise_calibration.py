@@ -3,10 +3,10 @@
 The tuner reads a window's noise from the spread of its 4-step blocks' rates (``Arm.error``). What a comparison
 needs is how far a second window of the same setting, measured later, could read from the first. On the
 simulator both are known: for each pipeline of tests/sim_sweep.py's generator and two settings (the user's, and
-twice their workers), ``--windows`` independent runs each cut one window after the warm-up, as the tuner cuts a
-probe's; the spread of their rates (coefficient of variation) is the truth, and the median of their block
-estimates is compared with it. A ratio of 1 is a calibrated estimate; below 1 the tuner trusts a window too far,
-above 1 too little.
+twice their workers), ``--windows`` independent runs each cut one window after the warm-up, inside an epoch, as
+the tuner cuts a probe's; the spread of their rates (coefficient of variation) is the truth, and the median of
+their block estimates is compared with it. A ratio of 1 is a calibrated estimate; below 1 the tuner trusts a
+window too far, above 1 too little.
 
 Usage::
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_pipeline import Sim
+from sim_pipeline import SimPipeline, settled
 from sim_sweep import generate
 from workloads import commit
 
@@ -30,13 +30,11 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.tuning.planner import Arm
 
 
-def _ratio(seed: int, setting: LoaderSettings, windows: int, steps: int) -> float | None:
+def _ratio(pipeline: SimPipeline, setting: LoaderSettings, windows: int, steps: int) -> float | None:
     """Median block estimate over the windows' true spread; ``None`` where the setting's rate does not vary."""
-    pipeline = generate(seed)
     rates, estimates = [], []
     for k in range(windows):
-        sim = Sim(pipeline, setting, seed=1000 + k)
-        sim.run(20 + 2 * setting.batches_in_flight)
+        sim = settled(pipeline, setting, seed=1000 + k)  # drift and background load kept, as the tuner meets them
         mark = sim.consumed
         sim.run(steps)
         arm = Arm(setting, sim.window(mark), 1)
@@ -59,7 +57,7 @@ def main() -> None:
         pipeline = generate(seed)
         user = pipeline.user
         for setting in {user, LoaderSettings(max(1, 2 * user.num_workers), 2)}:
-            ratio = _ratio(seed, setting, args.windows, args.steps)
+            ratio = _ratio(pipeline, setting, args.windows, args.steps)
             if ratio is not None:
                 by_family.setdefault(pipeline.family, []).append(ratio)
                 by_family.setdefault("all", []).append(ratio)

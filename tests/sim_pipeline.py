@@ -530,13 +530,20 @@ def _bisect(values: list[float], x: float) -> int:
 # -- ground truth ------------------------------------------------------------------------------------------
 
 
+def settled(pipeline: SimPipeline, settings: LoaderSettings, *, seed: int = 1) -> Sim:
+    """A simulation of ``settings`` run past its workers' start and first fill, inside one endless epoch (no
+    epoch's end restarts the workers later on)."""
+    sim = Sim(replace(pipeline, epoch_steps=10**9), settings, seed=seed)
+    sim.run(20 + 2 * settings.batches_in_flight)
+    return sim
+
+
 def steady_rate(pipeline: SimPipeline, settings: LoaderSettings, *, steps: int = 600, seed: int = 1) -> float:
     """Steps per second of ``settings`` in the steady state: a long run within one epoch, without drift,
     after the workers started and the buffer filled (the background load, a stationary noise, stays)."""
-    quiet = replace(pipeline.quiet(), epoch_steps=10**9)
-    sim = Sim(quiet, settings, seed=seed)
-    warm = 20 + 2 * settings.batches_in_flight
-    sim.run(warm + steps)
+    sim = settled(pipeline.quiet(), settings, seed=seed)
+    warm = sim.consumed
+    sim.run(steps)
     return sim.rate_since(warm)
 
 
