@@ -5,15 +5,16 @@ One procedure (docs/tuning.md states it in five sentences):
 1. Every setting measured is an *arm*: its windows, joined, give a sustained rate and a standard error (from
    the spread of their blocks' rates); one settling rule holds for every arm, the user's included: a window a
    later one of the same run beats beyond the noise had not settled after the restart, and is set aside.
-2. The worker count moves by one search: from the model's estimate (Little's law on the measured production
-   time, raised to the count the buffer replay of the bursts asks for), up by half while the last count up beat
-   the one before, once more at a count above the best that read slower only within the noise, between the best
-   count and a slower one, down by half where more did not pay, and once to twice a count that did not pay; at
-   the search's best count, the depth the buffer replay asks for. Memory and the user's cap clamp every setting;
-   the cores' prediction is where the search starts, not where it stops.
+2. The worker count moves by one search, on the rates as measured: from the model's estimate (Little's law on
+   the measured production time, raised to the count the buffer replay of the bursts asks for), doubled while
+   the last count up read ``min_gain`` faster than the one before, once more at a count above the best that read
+   slower only within the noise, between the best count and a slower one, down by half where more did not pay,
+   and once to twice a count that did not pay; at the search's best count, the depth the buffer replay asks for.
+   Memory and the user's cap clamp every setting; the cores' prediction is where the search starts, not where it
+   stops.
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
-4. One comparison decides everything: a setting beats another when it is faster by ``min_gain`` and by more
+4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more
    than the noise (two standard errors of the difference, ``model.noise``); a setting replaces the user's only
    when it beats them.
 5. Probing stops when the probe budget is spent or no window could change the decision.
@@ -114,6 +115,11 @@ def beats(a: Measured, b: Measured, margin: float) -> bool:
     """The one comparison: ``a`` faster than ``b`` by ``margin`` and by more than the noise."""
     g, noise = gain(a, b)
     return g >= margin and g > noise
+
+
+def _faster(a: Measured, b: Measured, margin: float) -> bool:
+    """``a`` measured faster than ``b`` by ``margin``, whatever the noise (the search's reading, not a decision's)."""
+    return gain(a, b)[0] >= margin
 
 
 def _within_noise(a: Measured, b: Measured) -> bool:
@@ -334,12 +340,13 @@ class Planner:
         b = best.setting.num_workers
         above = [w for w in counts if w > b]
         below = [w for w in counts if w < b]
-        # Up, while the last count up paid (``min_gain`` beyond the noise: where workers share the cores with the
-        # step, more of them may win more of the cores, which no wait shows); from the user's settings where the
-        # loop waits. From the model's estimate, at least half as many again.
-        paid = beats(best, counts[max(below)], self.options.min_gain) if below else _winnable(best) >= WAIT_OK
+        # Up, while the last count up paid (read ``min_gain`` faster: where workers share the cores with the step,
+        # more of them may win more of the cores, which no wait shows); from the user's settings where the loop
+        # waits. From the model's estimate, at least twice as many. The search reads the rates as measured: it only
+        # chooses what to measure next, and the decision alone asks for a win beyond the noise.
+        paid = _faster(best, counts[max(below)], self.options.min_gain) if below else _winnable(best) >= WAIT_OK
         if not above and paid:
-            target = max(b + max(1, b // 2), self._estimate(best))
+            target = max(2 * b, b + 1, self._estimate(best))
             proposal = self._at(best.setting, target, "the search: up from the best count")
             if proposal is not None:
                 return proposal
@@ -352,7 +359,7 @@ class Planner:
         # many changes the rate by less than the windows can tell).
         if above and min(above) - b > max(1, b // 4):
             return self._at(best.setting, (b + min(above)) // 2, "the search: between the best and a slower count")
-        if below and b - max(below) > max(1, b // 4) and not beats(best, counts[max(below)], self.options.min_gain):
+        if below and b - max(below) > max(1, b // 4) and not paid:
             return self._at(best.setting, (b + max(below)) // 2, "the search: between the best and a slower count")
         if above and not below and b > 0:
             # More did not pay from the lowest count measured: half as many (the hand-over, or the cores the
