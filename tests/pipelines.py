@@ -355,3 +355,16 @@ def assert_fetches_nest_in_the_profilers(ours: tuple[float, ...], profiler: tupl
     close = sum(gap < FETCH_APART_S for gap in gaps)
     assert close >= FETCHES_APART_MOST * len(gaps), gaps
     return sum(gaps) / len(gaps)
+
+
+class LoopClock(pl.Callback):
+    """Host timestamps at each batch start: the loop's period, on a clock no LoadGuard event touched."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.starts.append(time.perf_counter())
+
+    def period(self, last: int) -> float:
+        return (self.starts[-1] - self.starts[-1 - last]) / last

@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from pipelines import quiet_trainer
+from pipelines import LoopClock, quiet_trainer
 from sim_device import SimDevice
 
 from lightning_loadguard import TuneOptions
@@ -308,19 +308,6 @@ class _SyncingLogger(pl.Callback):
                 time.sleep(self.host_s)
 
 
-class _Clock(pl.Callback):
-    """Host timestamps at each batch start: the loop's period, from a clock no event touched."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, *args: object) -> None:
-        self.starts.append(time.perf_counter())
-
-    def period(self, last: int) -> float:
-        return (self.starts[-1] - self.starts[-1 - last]) / last
-
-
 class _BurstyData(_SleepyData):
     def __getitem__(self, i: int) -> torch.Tensor:
         if i % 4 == 3:
@@ -343,7 +330,7 @@ def _fit(
         guard._device_events = device.event
     module = _DeviceModule(device or SimDevice(), kernel_s)
     loader = torch.utils.data.DataLoader(data(steps, fetch_s), batch_size=1)
-    clock = _Clock()
+    clock = LoopClock()
     quiet_trainer(max_epochs=1, callbacks=[guard, *extra, clock]).fit(module, loader)
     return guard, 1.0 - kernel_s / clock.period(12)
 
