@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -151,10 +153,20 @@ def test_report_run_selection(logdir: tuple[Path, dict[str, float]], capsys: pyt
     ],
 )
 def test_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    assert exit_info.value.code == 2
+    # docs/api.md: main(argv) returns the exit status, 2 for bad arguments, with argparse's message on stderr.
+    assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_installed_command_exits_2_on_bad_arguments() -> None:
+    # The console script pyproject declares wraps main in sys.exit: main's return is the process's status.
+    (entry,) = entry_points(group="console_scripts", name="loadguard")
+    assert entry.value == "lightning_loadguard.cli:main"
+    script = shutil.which("loadguard", path=str(Path(sys.executable).parent)) or shutil.which("loadguard")
+    assert script is not None, "the loadguard command is not installed"
+    done = subprocess.run([script, "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "invalid choice: 'frobnicate'" in done.stderr
 
 
 def test_demo_refuses_a_file_as_logdir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,13 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``loadguard`` command; returns the exit status (0 done, 1 failed, 2 bad arguments).
+    """Run the ``loadguard`` command; returns the exit status (0 done, 1 failed, 2 bad arguments, the message on
+    stderr). ``--help`` and ``--version`` print and raise ``SystemExit(0)``, as argparse does.
 
     Example:
         >>> main(["report", "loadguard_demo_logs"])  # doctest: +SKIP
         0
+        >>> main(["frobnicate"])  # doctest: +SKIP
+        2
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        # argparse exits 2 on bad arguments, after printing why: a caller in Python gets the status instead. Its
+        # --help and --version exit 0 once printed, which stays an exit.
+        if exit_.code in (0, None):
+            raise
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         args.handler(args)
     except CommandError as err:
