@@ -21,6 +21,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
 from lightning_loadguard.model.forecast import (
+    Estimate,
     ForecastFacts,
     WhatIf,
     facts_from_window,
@@ -162,6 +163,31 @@ def test_a_computing_step_slows_with_the_loading_under_processor_sharing() -> No
     assert result.limited_by == "loading in the loop"
 
 
+def test_the_hand_over_is_carried_into_a_what_if_slowed_with_the_cores_only() -> None:
+    # forecast.md: the measured hand-over carries over, slowed by the cores' fair share (against the slow-down it
+    # was measured at), never by the step's speed-up or the count of ranks.
+    # A free node: 4 ranks of 2 workers (5.3 of the 8 cores busy), a step twice as fast: the 2 ms stays 2 ms.
+    free = forecast(_facts(num_workers=2, handover_s=0.002), WhatIf(ranks_per_node=4, step_speedup=2.0))
+    rate, wait = _steady(0.010, 0.016, 2, h=0.002)
+    assert free.slowdown == 1.0
+    assert free.throughput.value == pytest.approx(rate, rel=1e-6)  # 1 / 12 ms, not 1 / 11 ms nor 1 / 18 ms
+    assert free.wait_fraction.value == pytest.approx(wait, abs=1e-6)
+    # The busy host, measured at a slow-down of 2: two ranks, or one usable core, leave each thread 2 / 5 of a core
+    # (s = 2.5: s (cores - training CPU) = other threads, with the workers' CPU 1 / s of a core each, as the tests
+    # above work out); the hand-over takes 2 ms x 2.5 / 2, the step 10 ms (it waits on an accelerator).
+    for what_if in (WhatIf(ranks_per_node=2, step_speedup=2.0), WhatIf(usable_cores=1.0, step_speedup=2.0)):
+        busy = forecast(_facts(**BUSY, handover_s=0.002), what_if)
+        assert busy.slowdown == pytest.approx(2.5, rel=1e-3), what_if
+        assert busy.consumer_rate == pytest.approx(1 / (0.010 + 0.002 * 2.5 / 2), rel=1e-3), what_if
+    # A 30 ms hand-over on the busy host paces two ranks: each loop takes 20 ms + s x 15 ms a step, each worker
+    # 16 ms of CPU a batch, so s (2 - 2 x 0.016 / (0.020 + 0.015 s)) = 3: 0.030 s^2 - 0.037 s - 0.060 = 0.
+    s = (0.037 + math.sqrt(0.037**2 + 4 * 0.030 * 0.060)) / (2 * 0.030)  # 2.16
+    paced = forecast(_facts(**BUSY, handover_s=0.030), WhatIf(ranks_per_node=2))
+    assert paced.slowdown == pytest.approx(s, rel=1e-3)
+    assert paced.throughput.value == pytest.approx(1 / (0.020 + 0.015 * s), rel=1e-3)
+    assert paced.wait_fraction.value == pytest.approx(0.015 * s / (0.020 + 0.015 * s), abs=1e-3)
+
+
 def test_memory_is_every_ranks_full_queues_against_half_the_ram_and_most_of_the_shm() -> None:
     facts = _facts(batch_bytes=3_000_000, available_ram_bytes=400_000_000, shm_free_bytes=200_000_000)
     result = forecast(facts, WhatIf(ranks_per_node=8, num_workers=4, prefetch_factor=3, batch_scale=2.0))
@@ -185,6 +211,66 @@ def test_memory_is_every_ranks_full_queues_against_half_the_ram_and_most_of_the_
         ),
     )
     assert roomy.binds_first is None and roomy.holds
+
+
+def test_in_flight_memory_is_counted_as_every_ranks_queue_capacity_and_a_pinned_copy_each() -> None:
+    # forecast.md: counted, not estimated: ranks x workers x prefetch (+1 pinned) of the batch's bytes, with no
+    # margin even where the run drifted, and nothing for the batch the loop holds.
+    facts = _facts(step_s=tuple([0.015] * 8 + [0.025] * 8) * 4, batch_bytes=1_000_000)
+    plain = forecast(facts, WhatIf(ranks_per_node=3, num_workers=4, prefetch_factor=2))
+    assert plain.throughput.margin > 0
+    assert plain.inflight_bytes == Estimate(3 * 4 * 2 * 1e6, 3 * 4 * 2 * 1e6, 3 * 4 * 2 * 1e6)
+    pinned = forecast(facts, WhatIf(ranks_per_node=3, num_workers=4, prefetch_factor=2, pin_memory=True))
+    assert pinned.inflight_bytes is not None and pinned.inflight_bytes.value == 3 * (4 * 2 + 1) * 1e6
+    # What is queued on average never exceeds the capacity.
+    assert plain.queued_bytes is not None and plain.queued_bytes.high <= plain.inflight_bytes.value
+
+
+def test_a_real_loaders_made_batches_are_the_forecasts_in_flight_count_plus_the_one_the_loop_holds() -> None:
+    # forecast.md: in-flight memory is the prefetch queues' capacity, and the batch the loop holds adds to it. A
+    # torch DataLoader whose loop holds a batch: its workers make batches until the queues are full, then stop (a
+    # worker collates only into the slot a taken batch freed, so that batch is within the capacity).
+    import multiprocessing
+    import time
+
+    from torch.utils.data import DataLoader, default_collate
+
+    made = multiprocessing.get_context("fork").Value("i", 0)
+
+    def counted(samples: list[int]) -> object:
+        batch = default_collate(samples)
+        with made.get_lock():
+            made.value += 1
+        return batch
+
+    def settled(count: int) -> int:
+        deadline = time.monotonic() + 10.0
+        while made.value < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)  # long enough for a worker to make one more tiny batch, were a slot free
+        return int(made.value)
+
+    workers, prefetch = 2, 3
+    loader = DataLoader(
+        [float(i) for i in range(64)],
+        batch_size=4,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        collate_fn=counted,
+        multiprocessing_context="fork",
+    )
+    batches = iter(loader)
+    try:
+        held = next(batches)
+        assert settled(workers * prefetch + 1) == workers * prefetch + 1
+        held = next(batches)  # the first is let go; its slot is filled again
+        assert settled(workers * prefetch + 2) == workers * prefetch + 2
+    finally:
+        del batches  # stops the workers
+    batch_bytes = held.element_size() * held.numel()
+    figure = forecast(_facts(batch_bytes=batch_bytes), WhatIf(num_workers=workers, prefetch_factor=prefetch))
+    # The batches made and not yet taken are what the forecast counts in flight.
+    assert figure.inflight_bytes is not None and figure.inflight_bytes.value == (made.value - 2) * batch_bytes
 
 
 def test_the_margin_spans_two_standard_deviations_of_the_block_means() -> None:
@@ -252,6 +338,14 @@ def test_the_command_line_form_parses_and_refuses_by_name() -> None:
     parsed = parse_what_if("ranks_per_node=8, step_speedup=2,shm_free_bytes=1.5G,pin_memory=true")
     assert parsed == WhatIf(ranks_per_node=8, step_speedup=2.0, shm_free_bytes=1_500_000_000, pin_memory=True)
     assert parse_what_if("available_ram_bytes=2Gi").available_ram_bytes == 2 * 2**30
+    # api.md and forecast.md: byte counts with K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (of 1024).
+    assert parse_what_if("shm_free_bytes=64K").shm_free_bytes == 64_000
+    assert parse_what_if("shm_free_bytes=512M").shm_free_bytes == 512_000_000
+    assert parse_what_if("available_ram_bytes=2T").available_ram_bytes == 2_000_000_000_000
+    assert parse_what_if("available_ram_bytes=1.5T").available_ram_bytes == 1_500_000_000_000
+    assert parse_what_if("shm_free_bytes=3Ki,available_ram_bytes=1Ti") == WhatIf(
+        shm_free_bytes=3 * 1024, available_ram_bytes=1024**4
+    )
     with pytest.raises(ValueError, match="unknown what-if argument 'ranks'; allowed: ranks_per_node"):
         parse_what_if("ranks=8")
     with pytest.raises(ValueError, match=r"ranks_per_node must be .*integer >= 1; got 'eight'"):
