@@ -383,6 +383,59 @@ def test_loadguard_forecast_takes_the_what_ifs_arguments() -> None:
     assert taken == {f.name: f.default for f in dataclasses.fields(WhatIf)}
 
 
+def _case_ids(test: Any) -> list[str]:
+    """The ids pytest gives a test's parametrized cases (a string value is its own id)."""
+    ids = []
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "parametrize":
+            for case in mark.args[1]:
+                values = getattr(case, "values", (case,))
+                ids.append(getattr(case, "id", None) or "-".join(map(str, values)))
+    return ids
+
+
+def test_the_loaders_ddp_tests_are_slow_and_ci_runs_torchvisions_in_its_own_environment() -> None:
+    """docs/loaders.md, Under DDP: "These tests are marked slow (two processes each); CI runs them in its slow step,
+    torchvision's in its own environment"."""
+    # The module pytest collects: its functions carry the marks pytest selects by.
+    import test_loader_libraries as suite
+
+    section = _text("loaders.md").split("## Under DDP", 1)[1].split("\n## ", 1)[0]
+    assert "These tests are marked slow" in section
+    lines = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    fit = "under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both"
+    named: dict[str, set[str]] = {}
+    for line in lines[1:]:  # past the header
+        library, *cells = (cell.strip() for cell in line.split("|")[1:-1])
+        names = {n for cell in cells for n in re.findall(r"`(\w+)`", cell) if hasattr(suite, f"test_{n}")}
+        named[library] = names | ({fit} if cells[0] == "same test" else set())
+    tests = set().union(*named.values())
+    assert fit in tests and len(tests) >= 3, named
+    unmarked = [n for n in tests if "slow" not in {m.name for m in getattr(suite, f"test_{n}").pytestmark}]
+    assert not unmarked, f"not marked slow: {unmarked}"
+    # Each test of torchvision's row has a torchvision case: the one `-k torchvision` selects.
+    assert named["torchvision"]
+    for name in named["torchvision"]:
+        assert any("torchvision" in case for case in _case_ids(getattr(suite, f"test_{name}"))), name
+    # CI's steps by the environment active: every slow test in the first, where torchvision is not installed (its
+    # cases skip), and the torchvision cases, slow ones included, in the second.
+    steps: dict[str, list[str]] = {}
+    environment = None
+    for line in (DOCS.parent / ".ci" / "run").read_text().splitlines():
+        if activated := re.fullmatch(r"\. (\.venv-[\w-]+)/bin/activate", line.strip()):
+            environment = activated.group(1)
+        elif line.strip() == "deactivate":
+            environment = None
+        elif environment is not None:
+            steps.setdefault(environment, []).append(line.strip())
+    first, vision = steps[".venv-ci"], steps[".venv-vision"]
+    assert any(re.fullmatch(r"tests \d+ -q -m slow", line) for line in first), first
+    assert not [line for line in first if "pip install" in line and ("torchvision" in line or "vision]" in line)]
+    step = r'tests \d+ -q -m "slow or not slow" -k torchvision (\S+ )*tests/test_loader_libraries\.py( \S+)*'
+    assert any(re.fullmatch(step, line) for line in vision), vision
+    assert any("pip install" in line and '"torchvision==' in line for line in vision), vision
+
+
 CORE_TESTS = (
     "test_diagnosis.py",
     "test_position.py",
