@@ -14,6 +14,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info
 
 from lightning_loadguard import _lightning as _pl
 from lightning_loadguard.meters.monitor import LoaderMonitor
+from lightning_loadguard.model.diagnosis import TunerReach
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.session import TuningSession
@@ -93,29 +94,38 @@ class TunerAdapter:
     """
 
     def __init__(self, options: TuneOptions, monitor: LoaderMonitor, say: Callable[[str], None]) -> None:
-        self.options = options
-        self.session = TuningSession(options, monitor, say)
+        self._options = options
+        self._session = TuningSession(options, monitor, say)
+
+    @property
+    def options(self) -> TuneOptions:
+        return self._options
+
+    def reach(self) -> TunerReach | None:
+        """What this fit's tuner does about worker counts (:meth:`TuningSession.reach`); ``None`` before it
+        started."""
+        return self._session.reach()
 
     @property
     def decision(self) -> TuneDecision | None:
-        return self.session.decision
+        return self._session.decision
 
     def on_loaders_ready(self, trainer: pl.Trainer, loaders: list[Any]) -> None:
-        self.session.on_loaders_ready(_LightningPort(trainer), loaders)
+        self._session.on_loaders_ready(_LightningPort(trainer), loaders)
 
     @property
     def every_step(self) -> bool:
         """Whether the tuner needs :meth:`on_train_batch_end` on every step (while it probes)."""
-        return self.session.probing
+        return self._session.probing
 
     def on_train_batch_end(self, trainer: pl.Trainer, logging_step: bool = False) -> None:
-        self.session.on_train_batch_end(_LightningPort(trainer), logging_step)
+        self._session.on_train_batch_end(_LightningPort(trainer), logging_step)
 
     def teardown(self) -> None:
-        self.session.teardown()
+        self._session.teardown()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.session.state_dict()
+        return self._session.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.session.load_state_dict(state)
+        self._session.load_state_dict(state)

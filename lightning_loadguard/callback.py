@@ -655,7 +655,7 @@ class LoadGuard(_pl.Callback):
         """Whether ``auto_tune=True`` would probe worker counts for this fit's train loader: this fit's tuner where
         it started, else the checks it makes before probing (the fix text offers it only where it would)."""
         if self._tuner is not None:
-            reach = self._tuner.session.reach()
+            reach = self._tuner.reach()
             if reach is not None:
                 return reach
         from lightning_loadguard.tuning.session import tuner_reach

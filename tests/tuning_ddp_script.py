@@ -88,7 +88,7 @@ def _count_gathers(guard: LoadGuard, trainer: Any) -> dict[str, int]:
     for owner, name, key in (
         (trainer.strategy, "all_gather", "all_gather"),
         (guard, "_publish", "logging_steps"),
-        (guard._tuner.session, "_gathered_window", "windows"),
+        (guard._tuner._session, "_gathered_window", "windows"),
     ):
         original = getattr(owner, name)
 
