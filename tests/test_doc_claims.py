@@ -22,6 +22,7 @@ from lightning_loadguard import TuneOptions, cli
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
+from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.session import tuner_budget
 
 # -- C31, docs/concepts.md "Idle inside a step counts as step time" ------------------------------------------------
@@ -84,25 +85,12 @@ def test_idle_inside_a_step_counts_as_the_devices_step_time_not_as_its_idle() ->
     assert median(guard.snapshot.device_step_s) * 1e3 < least_ms + 40, guard.snapshot.device_step_s
 
 
-class _SleepyStep(pl.LightningModule):
-    def __init__(self, step_s: float) -> None:
-        super().__init__()
-        self.step_s = step_s
-        self.layer = torch.nn.Linear(2, 1)
-
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        time.sleep(self.step_s)
-        return self.layer(batch).sum()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 def test_on_a_cpu_a_step_that_blocks_is_step_time_not_data_wait() -> None:
     step_s = 0.03
     guard = LoadGuard(window=WINDOW, log_every_n_steps=4, print_summary=False)
     clock = LoopClock()
-    quiet_trainer(max_epochs=1, callbacks=[guard, clock]).fit(_SleepyStep(step_s), DataLoader(_Fast(STEPS)))
+    module = TimedModule(step_s=step_s, record=False)
+    quiet_trainer(max_epochs=1, callbacks=[guard, clock]).fit(module, timed_loader(TimedDataset(STEPS, 0.0), 1))
     m = guard.metrics
     # A batch is ready in microseconds: were the step's 30 ms counted as waiting, the share would be near 1.
     assert m["loadguard/wait_fraction"] < 0.1, m

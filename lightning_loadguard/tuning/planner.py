@@ -14,9 +14,9 @@ One procedure (docs/tuning.md states it in five sentences):
    stops.
 3. When the search has nothing new to measure, the next window goes to whichever arm could still change the
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
-4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more
-   than the noise (two standard errors of the difference, ``model.noise``); a setting replaces the user's only
-   when it beats them.
+4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more than the noise
+   (two standard errors of the difference, ``model.noise``); a setting replaces the user's only when it beats
+   them.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
 Plain Python, driven by measurements, so that every choice can be replayed in a unit test.
@@ -346,7 +346,7 @@ class Planner:
         # chooses what to measure next, and the decision alone asks for a win beyond the noise.
         paid = _faster(best, counts[max(below)], self.options.min_gain) if below else _winnable(best) >= WAIT_OK
         if not above and paid:
-            target = max(2 * b, b + 1, self._estimate(best))
+            target = max(2 * b, 1, self._estimate(best))
             proposal = self._at(best.setting, target, "the search: up from the best count")
             if proposal is not None:
                 return proposal
