@@ -48,12 +48,14 @@ mkdir -p "$out"
 limit=${LOADGUARD_SUITE_TIMEOUT:-7200}
 py=${PYTHON:-python}
 
+# --rootdir: node ids relative to $root, where the reruns start, even where the pytest configuration lies above it
+# (Lightning's pyproject.toml, one folder above tests/).
 run() {  # run NAME INJECT ARGS...: one pytest run; failed node ids go to $out/NAME.failed
     local name=$1 inject=$2
     shift 2
     : > "$out/$name.failed"
     (cd "$root" && LOADGUARD_INJECT=$inject LOADGUARD_FAILURES_FILE="$out/$name.failed" \
-        timeout "$limit" "$py" -m pytest -q -rfE -p loadguard_inject -p no:cacheprovider "$@") > "$out/$name.log" 2>&1
+        timeout "$limit" "$py" -m pytest -q -rfE --rootdir "$root" -p loadguard_inject -p no:cacheprovider "$@") > "$out/$name.log" 2>&1
     local rc=$?
     sort -u -o "$out/$name.failed" "$out/$name.failed"
     echo "$name: $(tail -n 1 "$out/$name.log") (exit $rc; log $out/$name.log)"
