@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import fmean, quantiles
 
@@ -27,9 +27,22 @@ FAMILIES = ("io_bound", "cpu_bound", "compute_bound", "cpu_contended", "bursty",
 CORES = (1, 2, 2, 4, 4, 8, 8, 16, 32, 64)
 """Cores drawn from (small hosts are where the budget binds, so they are drawn more)."""
 
+FULL = "(none)"
+"""The name :func:`planner_without` takes for the planner that follows every rule."""
+
 BELOW_USER = 0.03
 """A choice runs below the user's settings beyond noise when its steady rate is this much lower: the ground
 truth's own spread (a 600-step run with stochastic costs and a background load) is about 1 %."""
+
+
+def planner_without(rule: str) -> type[Planner]:
+    """A planner following every rule of :data:`~lightning_loadguard.tuning.planner.RULES` but ``rule``
+    (:data:`FULL`: every rule)."""
+    if rule == FULL:
+        return Planner
+    if rule not in Planner.rules:
+        raise ValueError(f"rule must be one of {sorted(Planner.rules)}, got {rule!r}")
+    return type(f"PlannerWithout_{rule}", (Planner,), {"rules": Planner.rules - {rule}})
 
 
 def _log_uniform(rng: random.Random, low: float, high: float) -> float:
@@ -207,24 +220,39 @@ def score(
 ) -> Score:
     """Tune ``p`` on the simulator and score the choice against the ground truth (steady rates over
     ``truth_steps`` steps, the mean of ``truth_seeds`` runs)."""
-    tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
+    return score_planners(p, {"": planner}, seed=seed, truth_steps=truth_steps, truth_seeds=truth_seeds)[""]
+
+
+def score_planners(
+    p: SimPipeline,
+    planners: Mapping[str, PlannerFactory],
+    *,
+    seed: int = 0,
+    truth_steps: int = 600,
+    truth_seeds: int = 1,
+) -> dict[str, Score]:
+    """:func:`score` for each of ``planners`` on one ground truth (each setting's steady rate simulated once)."""
     truth = _Truth(p, truth_steps, truth_seeds)
-    best = grid_best(p, truth)
-    chosen_rate, user_rate = truth(tuned.chosen), truth(p.user)
-    if chosen_rate > truth(best):
-        best = tuned.chosen
-    d = tuned.decision
-    return Score(
-        pipeline=p,
-        chosen=tuned.chosen,
-        best=best,
-        chosen_rate=chosen_rate,
-        user_rate=user_rate,
-        best_rate=truth(best),
-        probe_steps=d.probe_steps if d else 0,
-        budget_steps=d.probe_budget_steps if d else 0,
-        verdict=d.verdict if d else "not_tuned",
-    )
+    grid = grid_best(p, truth)
+    user_rate = truth(p.user)
+    scores = {}
+    for name, planner in planners.items():
+        tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
+        chosen_rate = truth(tuned.chosen)
+        best = tuned.chosen if chosen_rate > truth(grid) else grid
+        d = tuned.decision
+        scores[name] = Score(
+            pipeline=p,
+            chosen=tuned.chosen,
+            best=best,
+            chosen_rate=chosen_rate,
+            user_rate=user_rate,
+            best_rate=truth(best),
+            probe_steps=d.probe_steps if d else 0,
+            budget_steps=d.probe_budget_steps if d else 0,
+            verdict=d.verdict if d else "not_tuned",
+        )
+    return scores
 
 
 def summary(scores: Iterable[Score]) -> dict[str, dict[str, float]]:

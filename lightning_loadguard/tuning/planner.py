@@ -52,6 +52,24 @@ MAX_REPLAYS = 48
 MAX_WINDOWS = 3
 """Windows an arm is measured at most: a third halves the noise of one; more buy little for their steps."""
 
+RULES = frozenset(
+    {
+        "settle",  # a window a later one of the same run beats beyond the noise is set aside as settling
+        "no_batch_again",  # a window in which no batch was made is measured again
+        "estimate",  # the search starts at the model's estimate (else twice the user's count)
+        "replay_scan",  # the estimate is raised to the count whose buffer replay absorbs the bursts
+        "cores_first",  # where the estimate passes the cores' prediction, the prediction first
+        "unsure",  # a count above the best that read slower within the noise is measured again
+        "bisect",  # between the best count and a slower neighbour more than a quarter apart
+        "halve",  # half the lowest count where more did not pay from it
+        "twice",  # twice a count that did not pay, once, while the loop waits
+        "deeper",  # at the best count, the depth the buffer replay asks for
+        "contest",  # the leader or the user's settings measured again while they could change the decision
+    }
+)
+"""The rules of the procedure, each named so that the sweep can be scored without it
+(``benchmarks/tune_ablation.py``; ``tests/test_tuning_rules.py`` holds the rules the sweep cannot judge and why)."""
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -157,6 +175,9 @@ class Planner:
         'workers=5 prefetch=2'
     """
 
+    rules: frozenset[str] = RULES
+    """The rules this planner follows (:data:`RULES`; a subclass with fewer scores a rule's worth)."""
+
     def __init__(
         self,
         original: LoaderSettings,
@@ -232,7 +253,13 @@ class Planner:
         setting to measure (``None``: decide now)."""
         setting = self.current
         note = self.current_note
-        if not failed and window.steps and not window.measured_a_rate and self._measure_again(setting, window):
+        if (
+            not failed
+            and window.steps
+            and not window.measured_a_rate
+            and "no_batch_again" in self.rules
+            and self._measure_again(setting, window)
+        ):
             return setting
         if not failed:
             note += self._measured(setting, window)
@@ -282,7 +309,7 @@ class Planner:
             run = Arm(setting, window, 1)
         else:
             latest = Arm(setting, window, 1)
-            if beats(latest, run, 0.0):
+            if "settle" in self.rules and beats(latest, run, 0.0):
                 g, noise = gain(latest, run)
                 note = (
                     f"; {g:.0%} faster than before, beyond the noise ({noise:.0%}): the windows before, still "
@@ -311,6 +338,8 @@ class Planner:
             if self._affordable(search.setting):
                 return search
             self._ran_out = True
+        if "contest" not in self.rules:
+            return None
         contest = self._contest()
         if contest is not None and not self._affordable(contest.setting):
             contest = self._contest(users_only=True)  # the user's settings cost no probe steps
@@ -346,32 +375,33 @@ class Planner:
         # chooses what to measure next, and the decision alone asks for a win beyond the noise.
         paid = _faster(best, counts[max(below)], self.options.min_gain) if below else _winnable(best) >= WAIT_OK
         if not above and paid:
-            target = max(2 * b, 1, self._estimate(best))
+            target = max(2 * b, 1, self._estimate(best) if "estimate" in self.rules else 0)
             proposal = self._at(best.setting, target, "the search: up from the best count")
             if proposal is not None:
                 return proposal
         # A count above the best that measured slower once, but not beyond the noise, is measured again before the
         # search turns away from it, where the loop still waits.
         unsure = [w for w in above if counts[w].windows < 2 and _within_noise(best, counts[w])]
-        if unsure and _winnable(best) >= WAIT_OK:
+        if unsure and _winnable(best) >= WAIT_OK and "unsure" in self.rules:
             return _Proposal(counts[min(unsure)].setting, "the search: measured again, slower within the noise")
         # Between the best and a slower neighbour, while they are more than a quarter apart (a worker or two among
         # many changes the rate by less than the windows can tell).
-        if above and min(above) - b > max(1, b // 4):
+        bisect = "bisect" in self.rules
+        if bisect and above and min(above) - b > max(1, b // 4):
             return self._at(best.setting, (b + min(above)) // 2, "the search: between the best and a slower count")
-        if below and b - max(below) > max(1, b // 4) and not paid:
+        if bisect and below and b - max(below) > max(1, b // 4) and not paid:
             return self._at(best.setting, (b + max(below)) // 2, "the search: between the best and a slower count")
-        if above and not below and b > 0:
+        if above and not below and b > 0 and "halve" in self.rules:
             # More did not pay from the lowest count measured: half as many (the hand-over, or the cores the
             # workers take from the step, may cost more than they make).
             return self._at(best.setting, b // 2, "the search: fewer workers, since more did not pay")
-        if len(above) == 1 and _winnable(best) >= WAIT_OK:
+        if len(above) == 1 and _winnable(best) >= WAIT_OK and "twice" in self.rules:
             # Once, where the loop still waits: twice the count that did not pay. Beside other processes or a
             # step's threads, several more workers win a share of the cores that one more does not.
             far = self._at(best.setting, max(2 * above[0], above[0] + 2), "the search: twice a count that did not pay")
             if far is not None:
                 return far
-        return self._deeper(best) or self._pinning(best.setting)
+        return (self._deeper(best) if "deeper" in self.rules else None) or self._pinning(best.setting)
 
     def _estimate(self, arm: Arm) -> int:
         """Little's law on the arm's measured production time at the fastest step measured; where it exceeds
@@ -381,11 +411,17 @@ class Planner:
         if production is None or not steps:
             return 2 * max(1, arm.setting.num_workers)
         wanted = min(workers_needed(production, 1.0 / min(steps)), self._ceiling())
-        if self.budget.workers_bound == CORES and wanted > self.budget.max_workers >= arm.setting.num_workers + 1:
+        if (
+            "cores_first" in self.rules
+            and self.budget.workers_bound == CORES
+            and wanted > self.budget.max_workers >= arm.setting.num_workers + 1
+        ):
             return self.budget.max_workers
         # The mean hides bursts: the fewest workers from Little's law's count whose replayed wait is negligible (a
         # scan, not a bisection: a periodic burst can fall on the same workers at one count and not at the next),
         # over at most MAX_REPLAYS counts, so that a window's cost stays bounded however far Little's law points.
+        if "replay_scan" not in self.rules:
+            return wanted
         production_profile, step_profile = _profile(arm.window.production_s), _profile(arm.window.step_s)
         for more in range(wanted, min(4 * wanted, self._ceiling(), wanted + MAX_REPLAYS - 1) + 1):
             if replayed_wait(production_profile, step_profile, more, arm.setting.prefetch) < WAIT_OK:
