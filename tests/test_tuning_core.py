@@ -338,6 +338,19 @@ def test_where_more_did_not_pay_from_the_lowest_count_the_search_halves_it() -> 
     assert planner.decide().num_workers == 4
 
 
+def test_where_every_count_runs_alike_the_search_halves_down_to_loading_in_process() -> None:
+    # Handing a batch over costs the loop 12 ms, making it in process 8 ms: every worker count runs alike (the
+    # hand-over paces the loop), and more workers, one of them faster by a hair, did not pay; so the search halves
+    # from the lowest count measured down to none (tests/sim_sweep.py's handover_bound-701: 0.88 of the best
+    # without it, 1.00 with it).
+    measure = {w: (45.0 + w * 1e-6, 0.010) for w in range(1, 9)} | {0: (55.0, 0.010)}
+    planner = Planner(LoaderSettings(4, 2), HostBudget(8, "cores"), FAST, epoch_steps=2000)
+    probed = _search(planner, measure, 0.008)
+    assert probed[:6] == [4, 8, 6, 2, 1, 0], planner.decide().table()
+    assert planner.results[5].note == "the search: fewer workers, since more did not pay"
+    assert planner.decide().num_workers == 0
+
+
 def test_where_one_more_worker_did_not_pay_twice_as_many_are_measured_once() -> None:
     # Three other processes keep two cores busy and the step computes on both: one worker beside in-process
     # loading wins nothing, three win a share of the cores (tests/sim_sweep.py's cpu_contended-213: 0.42 of the

@@ -391,10 +391,11 @@ class Planner:
             return self._at(best.setting, (b + min(above)) // 2, "the search: between the best and a slower count")
         if bisect and below and b - max(below) > max(1, b // 4) and not paid:
             return self._at(best.setting, (b + max(below)) // 2, "the search: between the best and a slower count")
-        if above and not below and b > 0 and "halve" in self.rules:
-            # More did not pay from the lowest count measured: half as many (the hand-over, or the cores the
-            # workers take from the step, may cost more than they make).
-            return self._at(best.setting, b // 2, "the search: fewer workers, since more did not pay")
+        low = min(counts)
+        if 0 < low < max(counts) and not _faster(best, counts[low], self.options.min_gain) and "halve" in self.rules:
+            # More did not pay from the lowest count measured (the best may be any of them, by less than min_gain):
+            # half as many (the hand-over, or the cores the workers take from the step, may cost more than they make).
+            return self._at(best.setting, low // 2, "the search: fewer workers, since more did not pay")
         if len(above) == 1 and _winnable(best) >= WAIT_OK and "twice" in self.rules:
             # Once, where the loop still waits: twice the count that did not pay. Beside other processes or a
             # step's threads, several more workers win a share of the cores that one more does not.
