@@ -221,11 +221,22 @@ def test_a_window_with_no_rate_divides_nothing_and_is_never_beaten() -> None:
 
 
 def test_compute_bound_keeps_the_settings_without_probing() -> None:
+    # A window in which the loop hardly waited may have missed the bursts: your settings (free of probe steps)
+    # are measured again, up to three windows, before the loop is called compute-bound.
     planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
-    assert planner.record(window(98.0, 0.010, 0.015)) is None
+    again = [planner.record(window(98.0, 0.010, 0.015)) for _ in range(3)]
+    assert again == [LoaderSettings(2, 2), LoaderSettings(2, 2), None]
     decision = planner.decide()
     assert decision.verdict == "compute_bound" and decision.setting == LoaderSettings(2, 2)
     assert decision.probe_steps == 0 and decision.probe_cost_s == 0.0
+    assert [c.note for c in decision.candidates][1:] == ["your settings measured again: the loop hardly waited"] * 2
+
+
+def test_a_burst_in_your_settings_second_window_opens_the_search() -> None:
+    planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+    assert planner.record(window(98.0, 0.010, 0.015)) == LoaderSettings(2, 2)
+    proposal = planner.record(window(40.0, 0.010, 0.060))  # the loop waited most of this window
+    assert proposal is not None and proposal.num_workers > 2
 
 
 def test_a_wait_that_went_to_waiting_for_a_core_is_not_a_loader_to_tune() -> None:
@@ -237,8 +248,8 @@ def test_a_wait_that_went_to_waiting_for_a_core_is_not_a_loader_to_tune() -> Non
         wait_queued_s=tuple(0.0012 if k % 4 == 0 else math.nan for k in range(steps)),
     )
     planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
-    assert planner.record(busy_host) is None
-    assert planner.decide().verdict == "compute_bound"
+    assert [planner.record(busy_host) for _ in range(3)][-1] is None
+    assert planner.decide().verdict == "compute_bound" and planner.decide().probe_steps == 0
     # The same wait spent on the loader is worth probing.
     planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
     assert planner.record(window(88.0, 0.010, 0.015)) is not None

@@ -162,7 +162,8 @@ def test_compute_bound_keeps_the_settings_and_says_so() -> None:
     assert observed[-1] < WAIT_OK / 2, f"the host made every run wait: wait fractions {observed}"
     decision = guard.decision
     assert decision is not None and decision.verdict == "compute_bound", decision and decision.table()
-    assert len(decision.candidates) == 1 and decision.probe_steps == 0
+    # Your settings alone were measured (again, while the loop hardly waited): nothing was probed.
+    assert {c.setting for c in decision.candidates} == {decision.original} and decision.probe_steps == 0
     assert trainer.train_dataloader.num_workers == 0
 
 

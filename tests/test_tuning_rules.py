@@ -24,6 +24,7 @@ PAYS = {
     "estimate": 637,  # cpu_bound: 1.00 -> 0.05
     "halve": 899,  # handover_bound: 1.00 -> 0.48
     "no_batch_again": 153,  # cpu_contended: 1.00 -> 0.91
+    "recheck": 874,  # bursty: 1.00 -> 0.84
     "replay_scan": 964,  # bursty: 1.00 -> 0.54
     "settle": 826,  # bursty: 1.00 -> 0.43
     "twice": 597,  # cpu_contended: 1.00 -> 0.57

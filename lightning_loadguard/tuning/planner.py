@@ -54,6 +54,7 @@ MAX_WINDOWS = 3
 
 RULES = frozenset(
     {
+        "recheck",  # a loop that hardly waited is measured again, up to MAX_WINDOWS, before it is compute-bound
         "settle",  # a window a later one of the same run beats beyond the noise is set aside as settling
         "no_batch_again",  # a window in which no batch was made is measured again
         "estimate",  # the search starts at the model's estimate (else twice the user's count)
@@ -332,6 +333,10 @@ class Planner:
         if user is None:
             return None
         if _winnable(user) < WAIT_OK and len(self.arms) == 1:
+            # One window in which the loop hardly waited may have missed the bursts; the user's settings cost no
+            # probe steps, so they are measured again before the loop is called compute-bound.
+            if user.windows < MAX_WINDOWS and self._affordable(self.original) and "recheck" in self.rules:
+                return _Proposal(self.original, "your settings measured again: the loop hardly waited")
             return None  # the loop runs at its compute rate: nothing to win
         search = self._search()
         if search is not None:
