@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import sys
 import time
 from functools import partial
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_retune import PRE_WINDOWS, SPANS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
-from workloads import commit
+from workloads import commit, map_seeds
 
 _SPAN_WORDS = {
     "session": "where the session re-tunes (the rest of the epoch where it holds three candidates, else from the "
@@ -71,11 +70,7 @@ def main() -> None:
     holds = tuple(args.hold)
     started = time.perf_counter()
     one = partial(_one, holds=holds, span=args.span, every=args.log_every)
-    if args.jobs > 1:
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            results = pool.map(one, range(args.count), chunksize=4)
-    else:
-        results = [one(seed) for seed in range(args.count)]
+    results = map_seeds(one, range(args.count), args.jobs)
     all_trials = [t for ts, _ in results for t in ts]
     controls = [c for _, c in results]
     tuned = len({t.pipeline.name for t in all_trials})

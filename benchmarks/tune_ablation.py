@@ -15,7 +15,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import time
 from functools import partial
@@ -23,21 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_sweep import FULL, Score, generate, planner_without, score_planners, summary
-from workloads import commit
+from workloads import commit, map_seeds
 
 from lightning_loadguard.tuning.planner import RULES
 
 
 def _one(seed: int, rules: tuple[str, ...]) -> dict[str, Score]:
     return score_planners(generate(seed), {r: planner_without(r) for r in rules}, seed=seed)
-
-
-def _scores(rules: tuple[str, ...], seeds: range, jobs: int) -> list[dict[str, Score]]:
-    run = partial(_one, rules=rules)
-    if jobs > 1:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            return pool.map(run, seeds, chunksize=2)
-    return [run(seed) for seed in seeds]
 
 
 def _moved(scores: list[dict[str, Score]], rule: str) -> tuple[int, int]:
@@ -69,8 +60,9 @@ def main() -> None:
         parser.error(f"--rules: unknown {', '.join(unknown)}; the rules are {', '.join(sorted(RULES))}")
     started = time.perf_counter()
     every = (FULL, *rules)
-    dev = _scores(every, range(args.count), args.jobs)
-    held = _scores(every, range(500, 500 + args.count), args.jobs)
+    run = partial(_one, rules=every)
+    dev = map_seeds(run, range(args.count), args.jobs)
+    held = map_seeds(run, range(500, 500 + args.count), args.jobs)
     print(
         f"{args.count} + {args.count} pipelines (seeds 0 to {args.count - 1}, development; 500 to "
         f"{499 + args.count}, held out), commit {commit()}, {time.perf_counter() - started:.0f} s\n"

@@ -17,7 +17,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import time
 from functools import partial
@@ -26,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_sweep import Score, generate, score, summary, table
-from workloads import commit
+from workloads import commit, map_seeds
 
 
 def _one(seed: int, truth_seeds: int = 1) -> Score:
@@ -52,11 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.count)
-    if args.jobs > 1:
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            scores = pool.map(partial(_one, truth_seeds=args.truth_seeds), seeds, chunksize=4)
-    else:
-        scores = [_one(seed, args.truth_seeds) for seed in seeds]
+    scores = map_seeds(partial(_one, truth_seeds=args.truth_seeds), seeds, args.jobs)
     print(
         f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: the mean of {args.truth_seeds} "
         f"runs per setting), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
