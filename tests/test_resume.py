@@ -353,7 +353,7 @@ def test_auto_tune_switching_settings_keeps_the_resumed_order(tmp_path: Path) ->
 
     class Slow(Indexed):
         def __getitem__(self, i: int) -> Any:
-            time.sleep(0.004)
+            time.sleep(0.008)
             return super().__getitem__(i)
 
     class SlowData(Data):
@@ -385,6 +385,11 @@ def test_auto_tune_switching_settings_keeps_the_resumed_order(tmp_path: Path) ->
 
     untuned = fit(False)
     assert fit(True) == untuned
-    # Not vacuous: the tuner did switch the loader (a 16 ms batch from one worker is the bottleneck).
-    assert guards[1].decision is not None and guards[1].decision.num_workers > 1
     assert fit(True, stop=130) + fit(True, ckpt_in=str(tmp_path / "t.ckpt")) == untuned
+    # Not vacuous: in the whole run and in the one stopped at step 130, the tuner did restart the loader
+    # mid-epoch with other worker counts (a 32 ms batch from one worker leaves the loop waiting); which
+    # setting it keeps after that is the tuner's business.
+    for guard in guards[1:3]:
+        decision = guard.decision
+        assert decision is not None and decision.probe_steps > 0, decision
+        assert {c.setting.num_workers for c in decision.candidates} - {1}, decision
