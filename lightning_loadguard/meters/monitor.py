@@ -107,6 +107,8 @@ class LoaderMonitor:
             self._fetch_open,
         )
         self._epoch_start_s: deque[float] = deque(maxlen=16)
+        self._startup_waits = 0
+        self._startup_wait_s = 0.0
         self._loader: Any = None
         self.settings = LoaderSettings()
         """The train loader's settings as last read."""
@@ -194,6 +196,8 @@ class LoaderMonitor:
         self._epoch_start_s.append(seconds)
 
     def _startup_observed(self, startup_s: float) -> None:
+        self._startup_waits += 1
+        self._startup_wait_s = startup_s
         if self._epoch_start_s:
             self._epoch_start_s[-1] += startup_s
 
@@ -359,6 +363,12 @@ class LoaderMonitor:
     def epoch_start_s(self) -> tuple[float, ...]:
         """Iterator start-up times of recent epochs."""
         return tuple(self._epoch_start_s)
+
+    @property
+    def startup_waits(self) -> tuple[int, float]:
+        """How many iterators' first fetches waited for their workers to finish starting, and the latest
+        one's wait in seconds (a wait ``iter()`` does not hold: the workers start in the background)."""
+        return self._startup_waits, self._startup_wait_s
 
     @property
     def total_steps(self) -> int:

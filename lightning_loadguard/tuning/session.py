@@ -322,6 +322,7 @@ class TuningSession:
         self._window_start: WindowMark | None = None
         self._switch_started = 0.0
         self._startup_s = 0.0
+        self._startup_waits_at_switch = 0
         self._fault: str | None = None
         self._budget: HostBudget | None = None
         self._window: WindowSnapshot | None = None
@@ -650,11 +651,17 @@ class TuningSession:
 
     def _decide(self) -> TuneDecision:
         assert self._planner is not None
-        decision = self._planner.decide(startup_s=self._startup_s or None, map_style=True)
+        decision = self._planner.decide(startup_s=self._startup_cost_s() or None, map_style=True)
         if decision.verdict in _KEPT and decision.setting != decision.original:
             # A decision that says the settings are kept keeps every one of them (persistent_workers too).
             decision = decision.with_setting(decision.original)
         return decision
+
+    def _startup_cost_s(self) -> float:
+        """What starting the latest workers cost the loop: the switch itself, and the wait of a first fetch
+        since then for the workers to finish starting (what persistent workers save at each epoch)."""
+        waits, latest = self.monitor.startup_waits
+        return self._startup_s + (latest if waits > self._startup_waits_at_switch else 0.0)
 
     def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
         """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
@@ -779,6 +786,7 @@ class TuningSession:
             self._say(self._order_note)
             self._order_note = None
         self._switch_started = time.perf_counter()
+        self._startup_waits_at_switch = self.monitor.startup_waits[0]
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
         try:
