@@ -350,6 +350,7 @@ class Sim:
                 self._batch_made(slot)
             else:
                 self._worker_ready[slot] = True
+                self._ready_at = self.now
                 self._worker_next(slot)
         elif which == 2:
             self._main_left = 0.0
@@ -387,13 +388,17 @@ class Sim:
         self._made = {i for i in self._made if i < self.consumed}
         self._first = self.consumed  # round robin from this batch
         self._handed = self.consumed
+        self._ready_at = -1.0  # when the latest worker finished starting
+        self._first_fetch = True
         for slot in range(workers):
             self._on_cpu(slot, self.p.start_s, _INIT)
         for _ in range(workers * settings.prefetch):
             self._hand_out()
 
     def _epoch_end(self) -> int:
-        return (self.consumed // self.p.epoch_steps + 1) * self.p.epoch_steps
+        # The loop's epoch, not the one the batches taken so far reach: the take of an epoch's last batch must
+        # not hand the next epoch's first index to a worker before the loop starts that epoch.
+        return (self.epoch + 1) * self.p.epoch_steps
 
     def _hand_out(self) -> None:
         """The next index to its worker, within the epoch."""
@@ -487,6 +492,10 @@ class Sim:
                 ready = index in self._made
                 if not ready:
                     yield ("batch", index)
+                if self._first_fetch:
+                    # As the loader probe measures it: the first fetch's wait up to the last worker's start.
+                    self._first_fetch = False
+                    self.startup_s += min(max(0.0, self._ready_at - t0), self.now - t0)
                 if p.handover_wait_s > 0:
                     yield ("until", self.now + p.handover_wait_s)
                 th = self.now
@@ -545,6 +554,40 @@ def steady_rate(pipeline: SimPipeline, settings: LoaderSettings, *, steps: int =
     warm = sim.consumed
     sim.run(steps)
     return sim.rate_since(warm)
+
+
+def epoch_rate(
+    pipeline: SimPipeline,
+    settings: LoaderSettings,
+    *,
+    steps: int = 600,
+    seed: int = 1,
+    steady: Callable[[], float] | None = None,
+) -> float:
+    """Steps per second of ``settings`` over an epoch as training runs it, past the fit's first: its start (the
+    workers started again, or persistent ones handed the new epoch with their queues empty), the buffer's fill,
+    then the steady state. An epoch of at most ``steps`` steps is simulated whole, enough of them for ``steps``
+    steps; of a longer one the first ``steps`` steps are, and the rest runs at :func:`steady_rate` (or at what
+    ``steady`` returns: the steady rate of ``settings`` known already).
+
+    Example:
+        >>> p = SimPipeline("io", "io_bound", Host(cores=8), io=Cost(0.2), device_s=0.01, epoch_steps=40)
+        >>> steady, fresh = steady_rate(p, LoaderSettings(40, 2)), epoch_rate(p, LoaderSettings(40, 2))
+        >>> round(steady), fresh < 0.75 * steady  # a 200 ms read at each 40-step epoch's start: a fifth of it
+        (97, True)
+    """
+    head = min(pipeline.epoch_steps, steps)
+    sim = Sim(replace(pipeline.quiet(), epoch_steps=head), settings, seed=seed)
+    sim.run(head)
+    epochs = -(-steps // head)
+    start = sim.consumed
+    sim.run(epochs * head)
+    epoch_s = head / sim.rate_since(start)
+    rest = pipeline.epoch_steps - head
+    if rest:
+        rate = steady() if steady else steady_rate(pipeline, settings, steps=steps, seed=seed)
+        epoch_s += rest / rate
+    return pipeline.epoch_steps / epoch_s
 
 
 # -- the tuner against the simulator -----------------------------------------------------------------------

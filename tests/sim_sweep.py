@@ -2,8 +2,9 @@
 
 :func:`generate` draws a pipeline of one of :data:`FAMILIES` from a seed: cores 1 to 64, 0 to several competing
 processes, a shared host's background load and drift, epochs of 30 to 5,000 steps, the user's settings drawn
-from what people set. :func:`score` tunes it (:func:`sim_pipeline.tune`) and compares the steady rate of the
-chosen setting with the best of a grid and with the user's own settings (:func:`sim_pipeline.steady_rate`).
+from what people set. :func:`score` tunes it (:func:`sim_pipeline.tune`) and compares the rate of the chosen
+setting over an epoch as training runs it (:func:`sim_pipeline.epoch_rate`: each epoch's start and fill, then the
+steady state) with the best of a grid and with the user's own settings.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from statistics import fmean, quantiles
 
-from sim_pipeline import Cost, Host, PlannerFactory, SimPipeline, steady_rate, tune
+from sim_pipeline import Cost, Host, PlannerFactory, SimPipeline, epoch_rate, steady_rate, tune
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts
@@ -31,7 +33,7 @@ FULL = "(none)"
 """The name :func:`planner_without` takes for the planner that follows every rule."""
 
 BELOW_USER = 0.03
-"""A choice runs below the user's settings beyond noise when its steady rate is this much lower: the ground
+"""A choice runs below the user's settings beyond noise when its rate is this much lower: the ground
 truth's own spread (a 600-step run with stochastic costs and a background load) is about 1 %."""
 
 
@@ -137,7 +139,7 @@ def generate(seed: int) -> SimPipeline:
 
 @dataclass(frozen=True)
 class Score:
-    """One pipeline tuned: steady rates of the chosen, the user's and the best setting (ground truth)."""
+    """One pipeline tuned: the rates of the chosen, the user's and the best setting (ground truth)."""
 
     pipeline: SimPipeline
     chosen: LoaderSettings
@@ -164,17 +166,36 @@ class Score:
 
 @dataclass
 class _Truth:
+    """Each setting's rate, simulated once and kept: over an epoch as training runs it (:func:`epoch_rate`:
+    the epoch's start and fill included, so ``persistent_workers`` counts), or with ``per_epoch=False`` in
+    the steady state inside one endless epoch (:func:`steady_rate`)."""
+
     pipeline: SimPipeline
     steps: int = 600
     seeds: int = 1  # runs averaged per setting: a heavy-tailed cost needs several for a steady rate within 10 %
+    per_epoch: bool = True
     rates: dict[LoaderSettings, float] = field(default_factory=dict)
+    steady: dict[LoaderSettings, float] = field(default_factory=dict)
 
     def __call__(self, settings: LoaderSettings) -> float:
-        key = LoaderSettings(settings.num_workers, settings.prefetch if settings.num_workers else None)
+        w = settings.num_workers
+        key = LoaderSettings(w, settings.prefetch if w else None, bool(w and settings.persistent_workers))
+        if not self.per_epoch:
+            return self._steady(replace(key, persistent_workers=False))
         if key not in self.rates:
-            runs = (steady_rate(self.pipeline, key, steps=self.steps, seed=k) for k in range(1, self.seeds + 1))
+            steady = partial(self._steady, replace(key, persistent_workers=False))
+            runs = (
+                epoch_rate(self.pipeline, key, steps=self.steps, seed=k, steady=steady)
+                for k in range(1, self.seeds + 1)
+            )
             self.rates[key] = fmean(runs)
         return self.rates[key]
+
+    def _steady(self, key: LoaderSettings) -> float:
+        if key not in self.steady:
+            runs = (steady_rate(self.pipeline, key, steps=self.steps, seed=k) for k in range(1, self.seeds + 1))
+            self.steady[key] = fmean(runs)
+        return self.steady[key]
 
 
 def _allowed(p: SimPipeline, settings: LoaderSettings) -> bool:
@@ -188,23 +209,26 @@ def _allowed(p: SimPipeline, settings: LoaderSettings) -> bool:
 
 def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
     """The best setting of a grid: every worker count of a ladder (up to four per core, and 128) at depth 2
-    (or the deepest memory allows), then depths 1, 2, 4 and 8 at the three best counts."""
+    (or the deepest memory allows), then depths 1, 2, 4 and 8 at the three best counts; where the truth runs
+    epochs, each with persistent workers and without."""
     ladder = [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128]
     top = min(128, 4 * p.host.cores + 4)
     counts = [w for w in ladder if w <= top]
+    kept = (False, True) if truth.per_epoch else (False,)
     rated: dict[LoaderSettings, float] = {}
     for w in counts:
         for depth in (2, 1) if w else (None,):
             s = LoaderSettings(w, depth)
             if _allowed(p, s):
-                rated[s] = truth(s)
+                for persistent in kept if w else (False,):
+                    rated[replace(s, persistent_workers=persistent)] = truth(replace(s, persistent_workers=persistent))
                 break
     best_counts = sorted(rated, key=rated.__getitem__, reverse=True)[:3]
     for s in best_counts:
         if s.num_workers == 0:
             continue
         for depth in (1, 2, 4, 8):
-            d = LoaderSettings(s.num_workers, depth)
+            d = replace(s, prefetch_factor=depth)
             if _allowed(p, d):
                 rated[d] = truth(d)
     return max(rated, key=rated.__getitem__)
@@ -217,10 +241,13 @@ def score(
     planner: PlannerFactory = Planner,
     truth_steps: int = 600,
     truth_seeds: int = 1,
+    per_epoch: bool = True,
 ) -> Score:
-    """Tune ``p`` on the simulator and score the choice against the ground truth (steady rates over
-    ``truth_steps`` steps, the mean of ``truth_seeds`` runs)."""
-    return score_planners(p, {"": planner}, seed=seed, truth_steps=truth_steps, truth_seeds=truth_seeds)[""]
+    """Tune ``p`` on the simulator and score the choice against the ground truth (rates over ``truth_steps``
+    steps, the mean of ``truth_seeds`` runs; per epoch, or with ``per_epoch=False`` in the steady state)."""
+    return score_planners(
+        p, {"": planner}, seed=seed, truth_steps=truth_steps, truth_seeds=truth_seeds, per_epoch=per_epoch
+    )[""]
 
 
 def score_planners(
@@ -230,9 +257,10 @@ def score_planners(
     seed: int = 0,
     truth_steps: int = 600,
     truth_seeds: int = 1,
+    per_epoch: bool = True,
 ) -> dict[str, Score]:
-    """:func:`score` for each of ``planners`` on one ground truth (each setting's steady rate simulated once)."""
-    truth = _Truth(p, truth_steps, truth_seeds)
+    """:func:`score` for each of ``planners`` on one ground truth (each setting's rate simulated once)."""
+    truth = _Truth(p, truth_steps, truth_seeds, per_epoch)
     grid = grid_best(p, truth)
     user_rate = truth(p.user)
     scores = {}
