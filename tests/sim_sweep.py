@@ -267,7 +267,8 @@ def score_planners(
     for name, planner in planners.items():
         tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
         chosen_rate = truth(tuned.chosen)
-        best = tuned.chosen if chosen_rate > truth(grid) else grid
+        # The grid need not hold the user's settings nor the chosen ones: the best is the fastest of the three.
+        best = max((grid, p.user, tuned.chosen), key=truth)
         d = tuned.decision
         scores[name] = Score(
             pipeline=p,
