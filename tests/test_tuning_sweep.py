@@ -6,7 +6,10 @@ subset's own figures by a few pipelines."""
 from __future__ import annotations
 
 import pytest
+from sim_pipeline import tune
 from sim_sweep import FAMILIES, generate, score, summary
+
+from lightning_loadguard.tuning.options import TuneOptions
 
 SUBSET = 100
 TRUTH_STEPS = 250
@@ -36,3 +39,12 @@ def test_never_below_your_settings_beyond_noise(figures: dict[str, dict[str, flo
 
 def test_probing_stays_within_its_budget(figures: dict[str, dict[str, float]]) -> None:
     assert figures["all"]["over_budget"] == 0.0, figures["all"]
+
+
+def test_where_the_workers_outnumber_an_epochs_steps_nothing_is_measured() -> None:
+    # docs/tuning.md, Limits: 63 workers over 34-step epochs; each window is served from batches made before it.
+    p = generate(671)
+    assert p.user.num_workers > p.epoch_steps
+    tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=671)
+    assert tuned.decision is not None and tuned.decision.verdict == "not_tuned", tuned.decision
+    assert tuned.chosen == p.user
