@@ -286,13 +286,14 @@ def trials(
     if truth_steps is None:
         return [Trial(p, kind, *r) for r in runs]
     fresh = tune(changed, TuneOptions(max_workers=p.max_workers), seed=seed).chosen
-    truth = _Truth(changed, truth_steps)
+    # A host change lands mid-epoch and the re-tune serves the rest of the run: scored by the steady state.
+    truth = _Truth(changed, truth_steps, per_epoch=False)
     best = grid_best(changed, truth)
     for s in [fresh, *(r[1] for r in runs), *(r[2] for r in runs)]:
         if truth(s) > truth(best):
             best = s
     top = truth(best)
-    earlier = _Truth(p, truth_steps)
+    earlier = _Truth(p, truth_steps, per_epoch=False)
     before = earlier(runs[0][1]) / max(earlier(grid_best(p, earlier)), earlier(runs[0][1]))
     return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best, before) for r in runs]
 
