@@ -221,7 +221,8 @@ def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
             s = LoaderSettings(w, depth)
             if _allowed(p, s):
                 for persistent in kept if w else (False,):
-                    rated[replace(s, persistent_workers=persistent)] = truth(replace(s, persistent_workers=persistent))
+                    variant = replace(s, persistent_workers=persistent)
+                    rated[variant] = truth(variant)
                 break
     best_counts = sorted(rated, key=rated.__getitem__, reverse=True)[:3]
     for s in best_counts:
