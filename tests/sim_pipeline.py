@@ -493,9 +493,9 @@ class Sim:
                 if not ready:
                     yield ("batch", index)
                 if self._first_fetch:
-                    # As the loader probe measures it: the first fetch's wait up to the last worker's start.
+                    # As the loader probe measures it: from the workers' start to the last one's being ready.
                     self._first_fetch = False
-                    self.startup_s += min(max(0.0, self._ready_at - t0), self.now - t0)
+                    self.startup_s += max(0.0, self._ready_at - t0)
                 if p.handover_wait_s > 0:
                     yield ("until", self.now + p.handover_wait_s)
                 th = self.now

@@ -259,6 +259,27 @@ def _slow_start(worker_id: int) -> None:
     time.sleep(0.2)
 
 
+def test_the_workers_start_is_seen_whole_when_the_loop_trains_before_its_first_fetch() -> None:
+    # A switch mid-epoch: the loop goes on training for 0.15 s after iter(), so the first fetch waits only for
+    # the rest of the workers' 0.2 s start-up. The start each fresh epoch would cost is still the whole 0.2 s,
+    # from the test's own clock around iter().
+    starts: list[tuple[float, float]] = []
+    probe = LoaderProbe(
+        ProducerMeter(8), lambda s: None, lambda *seen: None, on_startup=lambda *seen: starts.append(seen)
+    )
+    loader = DataLoader(TimedDataset(length=16), batch_size=4, num_workers=2, worker_init_fn=_slow_start)
+    assert instrument(loader, probe) is None
+    before = time.perf_counter()
+    iterator = iter(loader)
+    in_iter = time.perf_counter() - before
+    time.sleep(0.15)
+    list(iterator)
+    assert len(starts) == 1
+    waited, started = starts[0]
+    assert 0.2 - in_iter <= started <= 1.5
+    assert waited <= started - 0.1
+
+
 def test_probe_keeps_the_users_worker_init_fn() -> None:
     loader = DataLoader(TimedDataset(length=8), batch_size=2, num_workers=1, worker_init_fn=_mark_worker)
     probe = LoaderProbe(ProducerMeter(8), lambda s: None, lambda r, level, startup: None)

@@ -473,9 +473,9 @@ def _slow_start(worker_id: int) -> None:
 @pytest.mark.slow
 def test_workers_that_take_long_to_start_are_kept_across_epochs() -> None:
     # Each worker starts in 0.5 s (its init function) after a fork that takes milliseconds; an epoch runs
-    # about 5 s. The start-up the tuner weighs is the fork and the first fetch's wait for the workers, so
-    # the wait alone makes it more than persistent_min_share of an epoch. The first decision is the one
-    # checked (no re-tune after it).
+    # about 5 s. The start-up the tuner weighs is the fork and the workers' start after it, however much of it
+    # the loop trained through, so the init alone makes it more than persistent_min_share of an epoch. The
+    # first decision is the one checked (no re-tune after it).
     pl.seed_everything(11, verbose=False)
     loader = timed_loader(
         TimedDataset(4000, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True, worker_init_fn=_slow_start

@@ -64,8 +64,9 @@ class LoaderProbe:
             of this fetch spent waiting for the workers to finish starting up: the epoch's first fetch only).
         on_error: called once with what failed and the exception, when the probe's own code fails (the
             probe then measures nothing more); a warning by default.
-        on_startup: called, before ``on_fetch``, with the seconds of the epoch's first fetch that went to
-            waiting for the workers to start, when there were any.
+        on_startup: called, before ``on_fetch``, when a new iterator's workers have finished starting, with
+            the seconds of its first fetch that went to waiting for them and the seconds from ``iter()``'s
+            return to the last worker's start (what each epoch's fresh workers cost a loop that fetches at once).
         on_in_process: where batches are made in this process (``num_workers=0``), called with ``True`` once
             the loop's own fetch timing is seen around the making (``fetch_open``): from then on each of the
             loop's fetches is a batch's making (:meth:`ProducerMeter.made_by_loop`), and torch's fetcher runs
@@ -79,7 +80,7 @@ class LoaderProbe:
         on_epoch_start: Callable[[float], None],
         on_fetch: Callable[[bool | None, int | None, float], None],
         on_error: Callable[[str, Exception], None] | None = None,
-        on_startup: Callable[[float], None] | None = None,
+        on_startup: Callable[[float, float], None] | None = None,
         on_in_process: Callable[[bool], None] | None = None,
         fetch_open: Callable[[], bool] | None = None,
     ) -> None:
@@ -280,11 +281,13 @@ class LoaderProbe:
         the workers to finish starting up."""
         ledger.first_fetch = False
         ready_at = ledger.counters.ready_at()
-        startup = 0.0
-        if ready_at >= ledger.started_at:
-            startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
-        if startup > 0 and self.on_startup is not None:
-            self.on_startup(startup)
+        if ready_at < ledger.started_at:
+            return 0.0
+        startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
+        if self.on_startup is not None:
+            # The wait alone undercounts where the loop trained between iter() and this fetch (a switch
+            # mid-epoch): the workers started in the background meanwhile.
+            self.on_startup(startup, ready_at - ledger.started_at)
         return startup
 
 

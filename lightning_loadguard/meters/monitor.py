@@ -107,8 +107,8 @@ class LoaderMonitor:
             self._fetch_open,
         )
         self._epoch_start_s: deque[float] = deque(maxlen=16)
-        self._startup_waits = 0
-        self._startup_wait_s = 0.0
+        self._worker_starts = 0
+        self._worker_start_s = 0.0
         self._loader: Any = None
         self.settings = LoaderSettings()
         """The train loader's settings as last read."""
@@ -195,11 +195,11 @@ class LoaderMonitor:
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
 
-    def _startup_observed(self, startup_s: float) -> None:
-        self._startup_waits += 1
-        self._startup_wait_s = startup_s
+    def _startup_observed(self, waited_s: float, started_s: float) -> None:
+        self._worker_starts += 1
+        self._worker_start_s = started_s
         if self._epoch_start_s:
-            self._epoch_start_s[-1] += startup_s
+            self._epoch_start_s[-1] += waited_s
 
     # -- the loader ------------------------------------------------------------------------------------
 
@@ -365,10 +365,11 @@ class LoaderMonitor:
         return tuple(self._epoch_start_s)
 
     @property
-    def startup_waits(self) -> tuple[int, float]:
-        """How many iterators' first fetches waited for their workers to finish starting, and the latest
-        one's wait in seconds (a wait ``iter()`` does not hold: the workers start in the background)."""
-        return self._startup_waits, self._startup_wait_s
+    def worker_starts(self) -> tuple[int, float]:
+        """How many iterators' workers were seen to finish starting, and the latest one's seconds from
+        ``iter()``'s return to its last worker's start (time ``iter()`` does not hold: the workers start in
+        the background, and an epoch's first fetch waits for them)."""
+        return self._worker_starts, self._worker_start_s
 
     @property
     def total_steps(self) -> int:

@@ -322,7 +322,7 @@ class TuningSession:
         self._window_start: WindowMark | None = None
         self._switch_started = 0.0
         self._startup_s = 0.0
-        self._startup_waits_at_switch = 0
+        self._worker_starts_at_switch = 0
         self._fault: str | None = None
         self._budget: HostBudget | None = None
         self._window: WindowSnapshot | None = None
@@ -658,10 +658,10 @@ class TuningSession:
         return decision
 
     def _startup_cost_s(self) -> float:
-        """What starting the latest workers cost the loop: the switch itself, and the wait of a first fetch
-        since then for the workers to finish starting (what persistent workers save at each epoch)."""
-        waits, latest = self.monitor.startup_waits
-        return self._startup_s + (latest if waits > self._startup_waits_at_switch else 0.0)
+        """What starting the latest workers costs a loop at each epoch's start: the switch itself, and the
+        workers' own start after it (what persistent workers save)."""
+        starts, latest = self.monitor.worker_starts
+        return self._startup_s + (latest if starts > self._worker_starts_at_switch else 0.0)
 
     def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
         """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
@@ -786,7 +786,7 @@ class TuningSession:
             self._say(self._order_note)
             self._order_note = None
         self._switch_started = time.perf_counter()
-        self._startup_waits_at_switch = self.monitor.startup_waits[0]
+        self._worker_starts_at_switch = self.monitor.worker_starts[0]
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
         try:
