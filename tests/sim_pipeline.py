@@ -669,7 +669,7 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
                 plan.probe_steps += left
             if sim.consumed >= span_end or plan.probe_steps + plan.steps_for(plan.current) > plan.budget_steps:
                 plan.note_budget_spent()
-                decision = plan.decide(startup_s=sim.startup_s or None)
+                decision = plan.decide()
             continue
         sim.run(warm)
         mark = sim.consumed
@@ -677,9 +677,9 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
         window = sim.window(mark)
         windows += 1
         plan.budget = tuner_budget(window, options)
-        following = plan.record(window)
+        following = plan.record(window, startup_s=sim.startup_s or None)
         if following is None:
-            decision = plan.decide(startup_s=sim.startup_s or None)
+            decision = plan.decide()
         elif not plan.continuing:
             sim.switch(following)
     return Tuned(decision, decision.setting, sim.consumed - start, windows)

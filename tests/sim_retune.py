@@ -197,9 +197,9 @@ def retune(
         if plan is not None and plan.can_start():
             if span == "session":
                 # As the session: the windows that showed the change are the running setting's first measurement.
-                following = plan.record(latest)
+                following = plan.record(latest, startup_s=sim.startup_s or None)
                 if following is None:
-                    return plan.decide(startup_s=sim.startup_s or None).setting
+                    return plan.decide().setting
                 if not plan.continuing:
                     sim.switch(following)
             return drive(sim, plan, options).chosen

@@ -588,17 +588,45 @@ def test_tune_persistent_workers_false_never_turns_them_on() -> None:
         options = replace(FAST, tune_persistent_workers=allowed, persistent_min_share=0.0)
         planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), options, epoch_steps=400)
         planner.record(window(20.0, 0.010, 0.05))
-        planner.record(window(60.0, 0.010, 0.05))
-        decided[allowed] = planner.decide(startup_s=1.0)
+        planner.record(window(60.0, 0.010, 0.05), startup_s=1.0)
+        decided[allowed] = planner.decide()
     assert decided[True].num_workers == decided[False].num_workers == 3
     assert decided[True].persistent_workers and not decided[False].persistent_workers
+
+
+@pytest.mark.parametrize(("startup_s", "persistent"), [(0.5, True), (0.01, False)])
+def test_kept_settings_get_persistent_workers_where_their_own_start_costs_a_share_of_the_epoch(
+    startup_s: float, persistent: bool
+) -> None:
+    # The loop runs at its compute rate (100 steps/s, a 4 s epoch): the settings are kept. Starting the user's
+    # two workers costs 0.5 s of each epoch (12 %), or 0.01 s (0.25 %, under persistent_min_share's 2 %).
+    planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+    assert [planner.record(window(100.0, 0.010, 0.005), startup_s=startup_s) for _ in range(3)][-1] is None
+    decision = planner.decide()
+    assert decision.verdict == "compute_bound"
+    assert (decision.num_workers, decision.prefetch_factor) == (2, 2)
+    assert decision.persistent_workers is persistent
+    assert ("persistent_workers turned on" in decision.reason) is persistent
+    assert not planner.decide(map_style=False).persistent_workers
+
+
+def test_persistent_workers_are_weighed_by_the_chosen_settings_own_start() -> None:
+    # The chosen setting's workers took 1 s to start (a 7 s epoch); the setting probed after it, slower, took
+    # 1 ms. The choice is weighed by its own start, not by the latest one seen.
+    planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), FAST, epoch_steps=400)
+    chosen = planner.record(window(20.0, 0.010, 0.05))
+    after = planner.record(window(60.0, 0.010, 0.05), startup_s=1.0)
+    assert chosen is not None and after is not None and after.num_workers not in (0, chosen.num_workers)
+    planner.record(window(30.0, 0.010, 0.05), startup_s=0.001)
+    decision = planner.decide()
+    assert decision.num_workers == chosen.num_workers and decision.persistent_workers
 
 
 def test_decision_round_trips_through_plain_data() -> None:
     planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), FAST, epoch_steps=400)
     planner.record(window(20.0, 0.010, 0.05))
-    planner.record(window(60.0, 0.010, 0.05))
-    decision = planner.decide(startup_s=1.0)
+    planner.record(window(60.0, 0.010, 0.05), startup_s=1.0)
+    decision = planner.decide()
     back = TuneDecision.from_dict(decision.to_dict())
     assert back == decision
     assert "workers=3 prefetch=2 *" in decision.table() and "probe cost" in decision.table()

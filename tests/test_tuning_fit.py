@@ -19,6 +19,7 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters import monitor as monitor_module
 from lightning_loadguard.meters.host import host_facts
+from lightning_loadguard.meters.settings import settings_of
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.capacity import WAIT_OK
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -425,8 +426,13 @@ def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -
     assert trainer.train_dataloader.num_workers == decision.num_workers
 
 
-def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every setting measures alike, so nothing beats yours; worker start-up counts at any share of an epoch.
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_workers(
+    monkeypatch: pytest.MonkeyPatch, allowed: bool, tmp_path: Path
+) -> None:
+    # Every setting measures alike, so nothing beats yours; worker start-up counts at any share of an epoch, so
+    # your own workers' start turns persistent workers on, where the options allow it, and nothing else changes;
+    # a resumed fit applies the stored decision to the loader before its first iterator.
     def alike(self: Any, port: Any, start: Any) -> WindowSnapshot:
         steps = self._window_steps
         window = WindowSnapshot(
@@ -440,13 +446,25 @@ def test_a_decision_that_keeps_your_settings_keeps_persistent_workers_too(monkey
         return window
 
     monkeypatch.setattr(session_module.TuningSession, "_measured", alike)
-    options = replace(FAST, tune_persistent_workers=True, persistent_min_share=0.0)
-    _, guard, trainer = fit(io_bound(), options)
+    options = replace(FAST, tune_persistent_workers=allowed, persistent_min_share=0.0)
+    _, guard, trainer = fit(io_bound(), options, root=tmp_path)
     decision = guard.decision
     assert decision is not None and decision.verdict == "no_gain", decision and decision.table()
-    assert len(decision.candidates) >= 2  # workers started for a candidate: a start-up was measured
-    assert decision.setting == decision.original
-    assert not trainer.train_dataloader.persistent_workers
+    assert decision.original.num_workers > 0 and not decision.original.persistent_workers
+    assert decision.setting == replace(decision.original, persistent_workers=allowed)
+    assert ("persistent_workers turned on" in decision.reason) is allowed
+    assert trainer.train_dataloader.persistent_workers is allowed
+    assert settings_of(trainer.train_dataloader) == replace(decision.original, persistent_workers=allowed)
+    path = str(tmp_path / "kept.ckpt")
+    trainer.save_checkpoint(path)
+    at_start: list[bool] = []
+
+    class PersistentAtStart(pl.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            at_start.append(trainer.train_dataloader.persistent_workers)
+
+    _, resumed, _ = fit(io_bound(), options, epochs=3, callbacks=[PersistentAtStart()], ckpt_path=path, root=tmp_path)
+    assert resumed.decision == decision and at_start == [allowed]
 
 
 @pytest.mark.usefixtures("scripted")

@@ -109,6 +109,7 @@ class LoaderMonitor:
         self._epoch_start_s: deque[float] = deque(maxlen=16)
         self._worker_starts = 0
         self._worker_start_s = 0.0
+        self._iter_s = 0.0
         self._loader: Any = None
         self.settings = LoaderSettings()
         """The train loader's settings as last read."""
@@ -194,6 +195,7 @@ class LoaderMonitor:
 
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
+        self._iter_s = seconds
 
     def _startup_observed(self, waited_s: float, started_s: float) -> None:
         self._worker_starts += 1
@@ -370,6 +372,11 @@ class LoaderMonitor:
         ``iter()``'s return to its last worker's start (time ``iter()`` does not hold: the workers start in
         the background, and an epoch's first fetch waits for them)."""
         return self._worker_starts, self._worker_start_s
+
+    @property
+    def iter_s(self) -> float:
+        """Seconds the latest ``iter(loader)`` took (forking its workers)."""
+        return self._iter_s
 
     @property
     def total_steps(self) -> int:

@@ -213,6 +213,7 @@ class Planner:
         self._before_restart: dict[LoaderSettings, Arm] = {}
         self._ran_out = False
         self._clamped: str | None = None
+        self._startups: dict[LoaderSettings, float] = {}
 
     @property
     def measurements(self) -> dict[LoaderSettings, WindowSnapshot]:
@@ -249,11 +250,15 @@ class Planner:
         """The epochs the probing may span are over: what was measured is all there is to decide on."""
         self._ran_out = True
 
-    def record(self, window: WindowSnapshot, failed: str | None = None) -> LoaderSettings | None:
-        """Store the window of :attr:`current` (``failed``: why the setting failed, if it did); return the next
-        setting to measure (``None``: decide now)."""
+    def record(
+        self, window: WindowSnapshot, failed: str | None = None, *, startup_s: float | None = None
+    ) -> LoaderSettings | None:
+        """Store the window of :attr:`current` (``failed``: why the setting failed, if it did; ``startup_s``: what
+        starting its workers cost, where it was seen); return the next setting to measure (``None``: decide now)."""
         setting = self.current
         note = self.current_note
+        if startup_s is not None and not failed:
+            self._startups[setting] = startup_s
         if (
             not failed
             and window.steps
@@ -525,9 +530,10 @@ class Planner:
 
     # -- decision --------------------------------------------------------------------------------------
 
-    def decide(self, *, startup_s: float | None = None, map_style: bool = True) -> TuneDecision:
+    def decide(self, *, map_style: bool = True) -> TuneDecision:
         """The setting to keep: the fastest that beats the user's settings (:func:`beats` by ``min_gain``),
-        else the user's."""
+        else the user's; with persistent workers where starting that setting's own workers was seen to cost
+        ``persistent_min_share`` of an epoch (``map_style``: the dataset is map-style)."""
         user = self.arms.get(self.original)
         if user is None:
             return TuneDecision.of(
@@ -568,7 +574,15 @@ class Planner:
                 reason += f"; {lost}"
         if bounded_by:
             reason += f" (bounded by {bounded_by})"
-        persistent = chosen.setting.persistent_workers or self._persistent(chosen.setting, after, startup_s, map_style)
+        persistent = chosen.setting.persistent_workers
+        if not persistent and self._persistent(chosen.setting, after, map_style):
+            persistent = True
+            if chosen is user:
+                startup = self._startups[chosen.setting]
+                reason += (
+                    f"; persistent_workers turned on: starting the workers takes {startup:.2f} s of each "
+                    f"{self.epoch_steps / after:.1f} s epoch"
+                )
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
             replace(chosen.setting, persistent_workers=persistent),
@@ -599,10 +613,11 @@ class Planner:
             return CORES
         return None
 
-    def _persistent(self, chosen: LoaderSettings, rate: float, startup_s: float | None, map_style: bool) -> bool:
+    def _persistent(self, chosen: LoaderSettings, rate: float, map_style: bool) -> bool:
         """Keep workers across epochs when starting them costs a measurable share of an epoch."""
         if not (self.options.tune_persistent_workers and map_style and chosen.num_workers > 0):
             return False
+        startup_s = self._startups.get(chosen)
         if startup_s is None or rate <= 0:
             return False
         return startup_s >= self.options.persistent_min_share * self.epoch_steps / rate

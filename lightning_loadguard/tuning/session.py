@@ -322,6 +322,7 @@ class TuningSession:
         self._window_start: WindowMark | None = None
         self._switch_started = 0.0
         self._startup_s = 0.0
+        self._switched = False  # whether the running iterator is a switch's (else the loop's own iter())
         self._worker_starts_at_switch = 0
         self._fault: str | None = None
         self._budget: HostBudget | None = None
@@ -640,7 +641,7 @@ class TuningSession:
                 "loading in the main process and every draw as without tuning)."
             )
         span = ended - self._switch_started if planner.current != planner.original else 0.0
-        next_setting = planner.record(combined, failed=failed)
+        next_setting = planner.record(combined, failed=failed, startup_s=self._startup_cost_s())
         if span:
             planner.probe_time_s += span - combined.loop_s  # switch and warm-up cost time too
         if not failed:
@@ -651,17 +652,17 @@ class TuningSession:
 
     def _decide(self) -> TuneDecision:
         assert self._planner is not None
-        decision = self._planner.decide(startup_s=self._startup_cost_s() or None, map_style=True)
-        if decision.verdict in _KEPT and decision.setting != decision.original:
-            # A decision that says the settings are kept keeps every one of them (persistent_workers too).
-            decision = decision.with_setting(decision.original)
-        return decision
+        return self._planner.decide(map_style=True)
 
-    def _startup_cost_s(self) -> float:
-        """What starting the latest workers costs a loop at each epoch's start: the switch itself, and the
-        workers' own start after it (what persistent workers save)."""
+    def _startup_cost_s(self) -> float | None:
+        """What starting the running setting's workers costs a loop at each epoch's start (what persistent
+        workers save): the switch to it (or the user's own ``iter()``), and the workers' own start after it;
+        ``None`` where no start of them was seen."""
         starts, latest = self.monitor.worker_starts
-        return self._startup_s + (latest if starts > self._worker_starts_at_switch else 0.0)
+        if starts <= self._worker_starts_at_switch:
+            return None
+        opened = self._startup_s if self._switched else self.monitor.iter_s
+        return opened + latest
 
     def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
         """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
@@ -786,6 +787,7 @@ class TuningSession:
             self._say(self._order_note)
             self._order_note = None
         self._switch_started = time.perf_counter()
+        self._switched = True
         self._worker_starts_at_switch = self.monitor.worker_starts[0]
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
@@ -1136,7 +1138,8 @@ class TuningSession:
             return
         loader = loaders[0]
         current = settings_of(loader)
-        if current.num_workers == decision.num_workers and current.prefetch_factor == decision.prefetch_factor:
+        applied = (decision.num_workers, decision.prefetch_factor, decision.persistent_workers)
+        if (current.num_workers, current.prefetch_factor, current.persistent_workers) == applied:
             return
         if current != decision.original:
             self._say(
