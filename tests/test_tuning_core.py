@@ -610,6 +610,22 @@ def test_kept_settings_get_persistent_workers_where_their_own_start_costs_a_shar
     assert not planner.decide(map_style=False).persistent_workers
 
 
+@pytest.mark.parametrize(("startup_s", "verdict"), [(0.5, "model_only"), (0.002, "not_tuned")])
+def test_where_no_window_of_yours_made_a_batch_only_persistent_workers_may_change(
+    startup_s: float, verdict: str
+) -> None:
+    # 40 workers over 30-step epochs: every window is served from batches made before it, so nothing has a rate.
+    # At the windows' pace (50 steps/s) an epoch's rest takes 0.6 s: a 0.5 s start is far over 2 % of it, 2 ms under.
+    planner = Planner(LoaderSettings(40, 2), HostBudget(64, "cores"), FAST, epoch_steps=30, span_epochs=5)
+    unrated = window(50.0, 0.010, None, made=0)
+    assert all(planner.record(unrated, startup_s=startup_s) == planner.original for _ in range(5))
+    planner.note_budget_spent()  # the span of 5 epochs ended, each measuring your settings again
+    decision = planner.decide()
+    assert decision.verdict == verdict and decision.throughput_before is None
+    assert decision.setting == replace(planner.original, persistent_workers=verdict == "model_only")
+    assert ("its steps 0.6 s" in decision.reason) is (verdict == "model_only")
+
+
 def test_persistent_workers_are_weighed_by_the_chosen_settings_own_start() -> None:
     # The chosen setting's workers took 1 s to start (a 7 s epoch); the setting probed after it, slower, took
     # 1 ms. The choice is weighed by its own start, not by the latest one seen.

@@ -51,7 +51,8 @@ class TuneDecision:
             ``"shm"``, ``"probe_budget"``, or ``None`` when nothing did.
         verdict: one of ``"improved"``, ``"compute_bound"`` (kept: the loop is not waiting for data),
             ``"no_gain"`` (kept: nothing measured faster), ``"model_only"`` (applied from the next epoch
-            without a measurement, where probing mid-epoch is unsafe), ``"not_tuned"``.
+            without comparing rates: where probing mid-epoch is unsafe, or where no window of the user's settings
+            made a batch and only ``persistent_workers`` changes), ``"not_tuned"``.
         remaining_deficit: share of step throughput still lost to data wait after the choice (0 when the
             loop runs at its compute rate).
         reason: a sentence saying why.

@@ -214,6 +214,7 @@ class Planner:
         self._ran_out = False
         self._clamped: str | None = None
         self._startups: dict[LoaderSettings, float] = {}
+        self._loop_s: dict[LoaderSettings, tuple[int, float]] = {}  # steps and loop time of every window, rated or not
 
     @property
     def measurements(self) -> dict[LoaderSettings, WindowSnapshot]:
@@ -259,6 +260,9 @@ class Planner:
         note = self.current_note
         if startup_s is not None and not failed:
             self._startups[setting] = startup_s
+        if not failed and window.steps:
+            steps, loop_s = self._loop_s.get(setting, (0, 0.0))
+            self._loop_s[setting] = (steps + window.steps, loop_s + window.loop_s)
         if (
             not failed
             and window.steps
@@ -536,7 +540,7 @@ class Planner:
         ``persistent_min_share`` of an epoch (``map_style``: the dataset is map-style)."""
         user = self.arms.get(self.original)
         if user is None:
-            return TuneDecision.of(
+            unmeasured = TuneDecision.of(
                 self.original,
                 verdict="not_tuned",
                 reason="the user's setting could not be measured",
@@ -545,6 +549,7 @@ class Planner:
                 probe_steps=self.probe_steps,
                 probe_budget_steps=self.budget_steps,
             )
+            return self._persistent_only(unmeasured, map_style)
         others = [a for a in self.arms.values() if a.setting != self.original]
         winners = [a for a in others if beats(a, user, self.options.min_gain)]
         chosen = max(winners, key=lambda a: a.rate) if winners else user
@@ -579,10 +584,7 @@ class Planner:
             persistent = True
             if chosen is user:
                 startup = self._startups[chosen.setting]
-                reason += (
-                    f"; persistent_workers turned on: starting the workers takes {startup:.2f} s of each "
-                    f"{self.epoch_steps / after:.1f} s epoch"
-                )
+                reason += f"; persistent_workers turned on: {_start_against_steps(startup, self.epoch_steps / after)}"
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
             replace(chosen.setting, persistent_workers=persistent),
@@ -597,6 +599,25 @@ class Planner:
             probe_steps=self.probe_steps,
             probe_budget_steps=self.budget_steps,
             probe_cost_s=cost,
+        )
+
+    def _persistent_only(self, unmeasured: TuneDecision, map_style: bool) -> TuneDecision:
+        """No rate of the user's setting (its windows made no batch, as where its workers outnumber an epoch's
+        steps): persistent workers all the same where their own start costs ``persistent_min_share`` of an epoch
+        at the loop's pace in those windows. Workers that stay save each epoch's start and change nothing else."""
+        steps, loop_s = self._loop_s.get(self.original, (0, 0.0))
+        if not (steps and loop_s > 0 and not self.original.persistent_workers):
+            return unmeasured
+        pace = steps / loop_s
+        if not self._persistent(self.original, pace, map_style):
+            return unmeasured
+        return unmeasured.with_setting(
+            replace(self.original, persistent_workers=True),
+            verdict="model_only",
+            reason=(
+                "no window of your settings made a batch, so no rate was compared; persistent_workers turned on: "
+                + _start_against_steps(self._startups[self.original], self.epoch_steps / pace)
+            ),
         )
 
     def _bounded_by(self, chosen: LoaderSettings) -> str | None:
@@ -621,6 +642,10 @@ class Planner:
         if startup_s is None or rate <= 0:
             return False
         return startup_s >= self.options.persistent_min_share * self.epoch_steps / rate
+
+
+def _start_against_steps(startup_s: float, steps_s: float) -> str:
+    return f"starting the workers takes {startup_s:.2f} s at each epoch's start, its steps {steps_s:.1f} s"
 
 
 def _profile(values: tuple[float, ...]) -> tuple[float, ...]:
