@@ -74,6 +74,8 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
     n, b, kind = c["n"], c.get("batch_size", 4), c.get("sampler", "default")
     workers = c.get("workers", 0)
     extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
+    if c.get("prefetch"):
+        extra["prefetch_factor"] = c["prefetch"]
     if kind == "stateful_iterable":
         return DataLoader(StatefulStream(n), batch_size=b, **extra)
     if kind == "stateful_iterable_loader":

@@ -288,10 +288,8 @@ def trials(
     fresh = tune(changed, TuneOptions(max_workers=p.max_workers), seed=seed).chosen
     # A host change lands mid-epoch and the re-tune serves the rest of the run: scored by the steady state.
     truth = _Truth(changed, truth_steps, per_epoch=False)
-    best = grid_best(changed, truth)
-    for s in [fresh, *(r[1] for r in runs), *(r[2] for r in runs)]:
-        if truth(s) > truth(best):
-            best = s
+    # The grid need not hold the settings the runs ended on: the best is the fastest of them all.
+    best = max((grid_best(changed, truth), fresh, *(r[1] for r in runs), *(r[2] for r in runs)), key=truth)
     top = truth(best)
     earlier = _Truth(p, truth_steps, per_epoch=False)
     before = earlier(runs[0][1]) / max(earlier(grid_best(p, earlier)), earlier(runs[0][1]))

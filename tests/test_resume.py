@@ -72,6 +72,18 @@ def test_resume_with_another_num_workers(workers_before: int, workers_after: int
     assert before.seen + after.seen == full.seen
 
 
+def test_resume_with_other_worker_settings(tmp_path: Path) -> None:
+    # docs/resume.md: num_workers, prefetch_factor, persistent_workers may differ between the saving and the
+    # resuming run. Saved with 2 workers, prefetch 2, fresh each epoch; resumed with 3, prefetch 4, persistent.
+    case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 1}
+    full, _, _ = run(case)
+    ckpt = str(tmp_path / "s.ckpt")
+    saved = dict(case, workers=2, prefetch=2, stop_kind="step", stop_at=4)
+    before, _, _ = run(saved, ckpt_out=ckpt)
+    after, _, _ = run(dict(case, workers=3, prefetch=4, persistent=True), ckpt_in=ckpt)
+    assert before.seen + after.seen == full.seen
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("stop_at", [3, 10, 12])
 def test_odd_dataset_sizes(drop_last: bool, stop_at: int, tmp_path: Path) -> None:
@@ -201,6 +213,16 @@ def test_changed_batch_size_is_refused(tmp_path: Path) -> None:
     run(dict(case, stop_kind="step", stop_at=3), ckpt_out=ckpt)
     with pytest.raises(PositionMismatchError, match=r"batch_size changed.*batches of 4.*batches of 5"):
         run(dict(case, batch_size=5), ckpt_in=ckpt)
+
+
+def test_changed_drop_last_is_refused(tmp_path: Path) -> None:
+    # docs/resume.md: dataset_len, batch_size and drop_last are checked on resume; 22 samples in batches of 4 leave
+    # a short last batch that drop_last=True would drop, so the batches left would not be the ones counted.
+    case = {"n": 22, "batch_size": 4, "epochs": 2, "seed": 9}
+    ckpt = str(tmp_path / "p.ckpt")
+    run(dict(case, stop_kind="step", stop_at=3), ckpt_out=ckpt)
+    with pytest.raises(PositionMismatchError, match=r"drop_last changed from False to True"):
+        run(dict(case, drop_last=True), ckpt_in=ckpt)
 
 
 def test_outside_a_trainer_the_loader_is_untouched() -> None:
