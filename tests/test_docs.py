@@ -376,6 +376,13 @@ def test_the_tuning_page_opens_with_the_procedure_in_five_sentences_and_stays_sh
     assert re.findall(r"^(\d)\. \*\*", procedure, re.M) == ["1", "2", "3", "4", "5"]
 
 
+def test_the_tuning_pages_options_table_has_every_option_at_its_default() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", _text("tuning.md"), re.MULTILINE)
+    documented = {name: default.strip() for name, default in rows if name in TuneOptions.__dataclass_fields__}
+    defaults = {f.name: repr(f.default) for f in dataclasses.fields(TuneOptions)}
+    assert documented == defaults
+
+
 def test_loadguard_forecast_takes_the_what_ifs_arguments() -> None:
     # api.md: "`LoadGuard.forecast` takes the same arguments" as WhatIf, with the same defaults.
     parameters = inspect.signature(LoadGuard.forecast).parameters

@@ -67,6 +67,7 @@ def window(rate: float, step_s: float, production_s: float | None, *, made: int 
         ("tune_persistent_workers", 1, "True or False"),
         ("persistent_min_share", 2, "[0, 1]"),
         ("keep_random_draws", "yes", "True or False"),
+        ("retune", "yes", "True or False"),
     ],
 )
 def test_options_name_the_field_and_allowed_values(field: str, value: object, allowed: str) -> None:
