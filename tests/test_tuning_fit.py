@@ -474,6 +474,7 @@ def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_work
     assert decision.original.num_workers > 0 and not decision.original.persistent_workers
     assert decision.setting == replace(decision.original, persistent_workers=allowed)
     assert ("persistent_workers turned on" in decision.reason) is allowed
+    assert sum("turned persistent_workers on" in said for said in guard._said) == int(allowed)
     assert trainer.train_dataloader.persistent_workers is allowed
     assert settings_of(trainer.train_dataloader) == replace(decision.original, persistent_workers=allowed)
     path = str(tmp_path / "kept.ckpt")

@@ -1171,6 +1171,12 @@ class TuningSession:
             draw_seeds_like_fresh_iterators(loader)
             if loader not in self._stand_ins:
                 self._stand_ins.append(loader)
+            self._say(
+                "auto-tuning turned persistent_workers on: every epoch keeps its samples and order, but random "
+                "numbers drawn inside the workers (augmentations in __getitem__ or collate_fn) go on from one "
+                "epoch to the next instead of being reseeded, as with persistent_workers=True set by hand "
+                "(TuneOptions(tune_persistent_workers=False) keeps fresh workers)."
+            )
 
     def _cannot_tune(self, port: TrainerPort, loaders: list[Any]) -> str | None:
         reason = _loaders_declined(loaders)
