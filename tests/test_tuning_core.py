@@ -482,6 +482,22 @@ def test_a_setting_replaces_yours_only_after_both_are_measured_again() -> None:
     assert rows.count(decision.setting) >= 2
 
 
+def test_no_setting_gets_more_than_three_windows() -> None:
+    # Every other setting reads 6 % faster than yours, in 8-step windows whose two blocks run 20 % apart: more
+    # windows could still tell them apart, and the budget (2,000-step epochs) holds far more than the decision
+    # may use, yet yours (free) and the leader stop at three windows each.
+    planner = Planner(LoaderSettings(2, 2), HostBudget(16, "cores"), FAST, epoch_steps=2000)
+    counts: dict[LoaderSettings, int] = {}
+    proposal: LoaderSettings | None = planner.original
+    while proposal is not None:
+        counts[proposal] = counts.get(proposal, 0) + 1
+        assert sum(counts.values()) < 100
+        rate = 50.0 if proposal == planner.original else 53.0
+        proposal = planner.record(_blocky(rate, 0.2, 0.010, 0.040, steps=8))
+    assert counts[planner.original] == 3 == max(counts.values()), counts  # docs/tuning.md: "each at most 3"
+    assert sum(n == 3 for n in counts.values()) >= 2 and planner.probe_steps <= planner.budget_steps
+
+
 def test_a_spent_probe_budget_still_measures_the_users_settings_again() -> None:
     # The budget holds one candidate: the user's settings, which cost no probe steps, get their second window.
     planner = Planner(LoaderSettings(0), HostBudget(8, "cores"), FAST, epoch_steps=70)
