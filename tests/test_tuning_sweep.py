@@ -57,3 +57,15 @@ def test_where_the_workers_outnumber_an_epochs_steps_nothing_is_compared_and_onl
     without = tune(p, TuneOptions(max_workers=p.max_workers, tune_persistent_workers=False), seed=671)
     assert without.decision is not None and without.decision.verdict == "not_tuned"
     assert without.chosen == p.user
+
+
+def test_the_users_max_workers_caps_every_probe_and_the_choice() -> None:
+    # docs/tuning.md, options: max_workers is a hard cap, passed as the user passes it (through TuneOptions).
+    pipelines = [generate(seed) for seed in range(12)]
+    free = [tune(p, TuneOptions(), seed=k).chosen.num_workers for k, p in enumerate(pipelines)]
+    assert max(free) > 2  # without the cap, more workers are chosen somewhere
+    for k, p in enumerate(pipelines):
+        capped = tune(p, TuneOptions(max_workers=2), seed=k)
+        assert capped.decision is not None
+        assert max(c.setting.num_workers for c in capped.decision.candidates) <= max(2, p.user.num_workers)
+        assert capped.chosen.num_workers <= max(2, p.user.num_workers)
