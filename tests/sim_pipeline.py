@@ -207,6 +207,7 @@ class Sim:
         self._restarted_at = 0.0
         # per step
         self.wait_s: list[float] = []
+        self.start_wait_s: list[float] = []  # each step's wait for its workers' start, kept out of ``wait_s``
         self.step_s: list[float] = []
         self.ready: list[bool | None] = []
         self.queued_s: list[float] = []
@@ -472,6 +473,7 @@ class Sim:
                 self._start_workers(settings)
             t0 = self.now
             queued = 0.0
+            start_wait = 0.0  # the first fetch's wait for its workers' start: the epoch's start, not data wait
             if self.settings.num_workers == 0:
                 factor = self._drift()
                 io = self._io() * factor
@@ -496,6 +498,7 @@ class Sim:
                     # As the loader probe measures it: from the workers' start to the last one's being ready.
                     self._first_fetch = False
                     self.startup_s += max(0.0, self._ready_at - t0)
+                    start_wait = min(max(0.0, self._ready_at - t0), self.now - t0)
                 if p.handover_wait_s > 0:
                     yield ("until", self.now + p.handover_wait_s)
                 th = self.now
@@ -505,7 +508,7 @@ class Sim:
             self.consumed += 1
             if self.settings.num_workers:
                 self._hand_out()
-            wait = self.now - t0
+            wait = self.now - t0 - start_wait
             ts = self.now
             if step_cpu > 0:
                 yield ("cpu", step_cpu * self._drift(), threads)
@@ -514,6 +517,7 @@ class Sim:
             if after > 0:
                 yield ("cpu", after, 1.0)
             self.wait_s.append(wait)
+            self.start_wait_s.append(start_wait)
             self.step_s.append(self.now - ts)
             self.ready.append(ready)
             self.queued_s.append(queued)
@@ -659,6 +663,7 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
     span_end = (start // epoch_steps + plan.span_epochs) * epoch_steps
     windows = 0
     decision: TuneDecision | None = None
+    opened = start  # the step the running iterator's first batch went to (a switch's, or an epoch's start)
     while decision is None:
         warm, steps = plan.warmup_for(plan.current), plan.window_steps
         left = epoch_steps - sim.consumed % epoch_steps
@@ -670,11 +675,15 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
             if sim.consumed >= span_end or plan.probe_steps + plan.steps_for(plan.current) > plan.budget_steps:
                 plan.note_budget_spent()
                 decision = plan.decide()
+            opened = sim.consumed  # the next epoch starts its iterator (its workers again, unless persistent)
             continue
         sim.run(warm)
         mark = sim.consumed
         sim.run(steps)
         window = sim.window(mark)
+        if window.steps and not window.measured_a_rate and not plan.continuing:
+            # As the session: no batch made in the window, so the setting is read over all it ran since its start.
+            window = sim.window(opened)
         windows += 1
         plan.budget = tuner_budget(window, options)
         following = plan.record(window, startup_s=sim.startup_s or None)
@@ -682,4 +691,5 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
             decision = plan.decide()
         elif not plan.continuing:
             sim.switch(following)
+            opened = sim.consumed
     return Tuned(decision, decision.setting, sim.consumed - start, windows)

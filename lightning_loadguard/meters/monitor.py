@@ -110,6 +110,7 @@ class LoaderMonitor:
         self._worker_starts = 0
         self._worker_start_s = 0.0
         self._iter_s = 0.0
+        self._iterator_mark: WindowMark | None = None
         self._loader: Any = None
         self.settings = LoaderSettings()
         """The train loader's settings as last read."""
@@ -196,6 +197,7 @@ class LoaderMonitor:
     def _epoch_started(self, seconds: float) -> None:
         self._epoch_start_s.append(seconds)
         self._iter_s = seconds
+        self._iterator_mark = self.mark()
 
     def _startup_observed(self, waited_s: float, started_s: float) -> None:
         self._worker_starts += 1
@@ -372,6 +374,11 @@ class LoaderMonitor:
         ``iter()``'s return to its last worker's start (time ``iter()`` does not hold: the workers start in
         the background, and an epoch's first fetch waits for them)."""
         return self._worker_starts, self._worker_start_s
+
+    @property
+    def iterator_mark(self) -> WindowMark | None:
+        """Where the latest ``iter(loader)`` (an epoch's start) left the meters, for :meth:`snapshot`."""
+        return self._iterator_mark
 
     @property
     def iter_s(self) -> float:

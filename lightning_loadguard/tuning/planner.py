@@ -56,7 +56,7 @@ RULES = frozenset(
     {
         "recheck",  # a loop that hardly waited is measured again, up to MAX_WINDOWS, before it is compute-bound
         "settle",  # a window a later one of the same run beats beyond the noise is set aside as settling
-        "no_batch_again",  # a window in which no batch was made is measured again
+        "no_batch_again",  # a window in which no batch was made, and not read since its start, is measured again
         "estimate",  # the search starts at the model's estimate (else twice the user's count)
         "replay_scan",  # the estimate is raised to the count whose buffer replay absorbs the bursts
         "cores_first",  # where the estimate passes the cores' prediction, the prediction first

@@ -323,6 +323,7 @@ class TuningSession:
         self._switch_started = 0.0
         self._startup_s = 0.0
         self._switched = False  # whether the running iterator is a switch's (else the loop's own iter())
+        self._opened: WindowMark | None = None  # where the latest switch's iterator started
         self._worker_starts_at_switch = 0
         self._fault: str | None = None
         self._budget: HostBudget | None = None
@@ -729,10 +730,20 @@ class TuningSession:
         return WindowRanks(steps=steps, production=max(2 * steps, PROFILE_LENGTH))
 
     def _measured(self, port: TrainerPort, start: WindowMark | None) -> WindowSnapshot:
-        """This rank's window since ``start``."""
+        """This rank's window since ``start``; where no batch was made in it, since the running iterator started
+        (its warm-up and first fill included), if that came after a restart (a switch, or an epoch's start)."""
         if start is None:
             raise RuntimeError("the window's start was not marked")
-        return self.monitor.snapshot(since=start).device_view()
+        window = self.monitor.snapshot(since=start).device_view()
+        planner = self._planner
+        if window.steps and not window.measured_a_rate and planner is not None and not planner.continuing:
+            # Served from batches made before the window: its rate says nothing. What the loop got from the
+            # setting since its workers started is a rate, and the one a short epoch runs at.
+            marks = (m for m in (self._opened, self.monitor.iterator_mark) if m is not None)
+            opened = max(marks, key=lambda mark: mark.steps, default=None)
+            if opened is not None and opened.steps < start.steps:
+                window = self.monitor.snapshot(since=opened).device_view()
+        return window
 
     def _gathered_window(
         self, port: TrainerPort, measure: Callable[[], WindowSnapshot]
@@ -806,6 +817,7 @@ class TuningSession:
         wrapper = _ProbeIterator(self, new_inner, consumed)
         port.replace_train_iterator(old, wrapper)
         self.monitor.loader_changed(self._loader)
+        self._opened = self.monitor.mark()
 
     @property
     def _warmup_steps(self) -> int:
