@@ -604,7 +604,8 @@ class Planner:
     def _persistent_only(self, unmeasured: TuneDecision, map_style: bool) -> TuneDecision:
         """No rate of the user's setting (its windows made no batch, as where its workers outnumber an epoch's
         steps): persistent workers all the same where their own start costs ``persistent_min_share`` of an epoch
-        at the loop's pace in those windows. Workers that stay save each epoch's start and change nothing else."""
+        at the loop's pace in those windows. Workers that stay save each epoch's start and keep every epoch's samples
+        and order (draws inside them go on across epochs, as the session says)."""
         steps, loop_s = self._loop_s.get(self.original, (0, 0.0))
         if not (steps and loop_s > 0 and not self.original.persistent_workers):
             return unmeasured
