@@ -322,8 +322,7 @@ class TuningSession:
         self._window_start: WindowMark | None = None
         self._switch_started = 0.0
         self._startup_s = 0.0
-        self._switched = False  # whether the running iterator is a switch's (else the loop's own iter())
-        self._opened: WindowMark | None = None  # where the latest switch's iterator started
+        self._opened: WindowMark | None = None  # where the latest switch's iterator started (None: no switch yet)
         self._worker_starts_at_switch = 0
         self._fault: str | None = None
         self._budget: HostBudget | None = None
@@ -662,7 +661,7 @@ class TuningSession:
         starts, latest = self.monitor.worker_starts
         if starts <= self._worker_starts_at_switch:
             return None
-        opened = self._startup_s if self._switched else self.monitor.iter_s
+        opened = self._startup_s if self._opened is not None else self.monitor.iter_s
         return opened + latest
 
     def _probe(self, port: TrainerPort, setting: LoaderSettings) -> None:
@@ -798,7 +797,6 @@ class TuningSession:
             self._say(self._order_note)
             self._order_note = None
         self._switch_started = time.perf_counter()
-        self._switched = True
         self._worker_starts_at_switch = self.monitor.worker_starts[0]
         self._fault = None
         inner = old.inner if isinstance(old, _ProbeIterator) else old
