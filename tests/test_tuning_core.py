@@ -777,6 +777,26 @@ def test_a_producer_thousands_of_times_slower_than_the_step_costs_a_few_replays(
     assert len(replays) <= planner_module.MAX_REPLAYS
 
 
+def test_a_window_that_made_no_batch_is_shown_without_a_rate_and_joins_its_arm() -> None:
+    # Measured again without a restart where the budget holds no further window, a window served from the batches
+    # made before it says nothing of the rate: its row shows none (not 0 steps/s, which a reader takes for a dead
+    # setting) and says why; the arm is the windows joined, so its rate is what the steps of both took.
+    planner = Planner(LoaderSettings(1, 2), HostBudget(16, "cores"), FAST, epoch_steps=400)
+    probe = planner.record(window(10.0, 0.010, 0.100))
+    assert probe is not None
+    planner.record(window(20.0, 0.010, 0.100))
+    planner.continuing = True
+    planner.current = probe
+    planner.probe_steps = planner.budget_steps
+    served = replace(window(80.0, 0.010, 0.100), batches_made=0)
+    planner.record(served)
+    row = planner.results[-1]
+    assert row.setting == probe and row.rate is None and "made no batch" in row.note, row
+    first = window(20.0, 0.010, 0.100)
+    assert planner.arms[probe].windows == 2
+    assert planner.arms[probe].rate == pytest.approx(first.steps / (first.loop_s + served.loop_s), rel=0.01)
+
+
 def test_a_probe_whose_window_made_no_batch_is_measured_again_not_judged_at_zero() -> None:
     # Many fresh workers on slow batches: the probe's window can end before any of their next batches is made
     # (the loop only took what they made during the warm-up). That says nothing of the setting's rate.

@@ -447,6 +447,54 @@ def test_workers_whose_start_outweighs_a_short_epoch_are_kept_and_the_epochs_run
     assert after >= 1.8 * before, (rates.rates, decision.table())
 
 
+class _PauseEachEpoch(pl.Callback):
+    """Sleeps ``pause_s`` after each epoch's second step: the workers fill the buffer meanwhile."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 1:
+            time.sleep(self.pause_s)
+
+
+def test_a_window_served_from_a_full_buffer_is_read_since_its_iterator_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16 workers make a batch in 0.2 s each; the loop pauses 1 s after each epoch's second step, so the buffer is
+    # full when the window starts, and the window's 4 ms steps are all served from it before a worker makes
+    # another: the window says nothing of the rate. It is read over all its setting ran since its iterator started
+    # (the workers' start kept out): the steps, the pause among them. Known costs bound that rate for your
+    # settings, whose iterator is the epoch's: at most n steps in the pause plus 4 ms each, at least a quarter of
+    # n in the pause, the first batch's 0.2 s and the steps (0, the window's own reading, fails). A probed
+    # setting's iterator starts at its switch, mid-epoch, whose cost is not known here: at most one step per 4 ms.
+    step_s, pause_s, batch_s = 0.004, 1.0, 0.2
+    reads: list[tuple[WindowSnapshot, WindowSnapshot]] = []
+    measured = session_module.TuningSession._measured
+
+    def spied(self: Any, port: Any, start: Any) -> WindowSnapshot:
+        read = measured(self, port, start)
+        reads.append((self.monitor.snapshot(since=start).device_view(), read))
+        return read
+
+    monkeypatch.setattr(session_module.TuningSession, "_measured", spied)
+    loader = timed_loader(TimedDataset(160, sample_s=batch_s / 4), batch_size=4, num_workers=16, shuffle=True)
+    yours = settings_of(loader)
+    options = TuneOptions(warmup_steps=2, window_steps=8)
+    _, guard, _ = fit(loader, options, step_s=step_s, epochs=3, callbacks=[_PauseEachEpoch(pause_s)])
+    assert guard.decision is not None, guard.decision
+    served = [(window, read) for window, read in reads if window.steps and not window.measured_a_rate]
+    first = [(w.steps, w.batches_made, w.settings) for w, _ in reads]
+    assert any(read.settings == yours for _, read in served), first  # the case this test is about happened
+    for window, read in served:
+        assert read.steps > window.steps and read.measured_a_rate, (window.steps, read.steps, read.batches_made)
+        if read.settings != yours:
+            assert read.sustained_rate <= 1 / step_s, read
+            continue
+        fastest = read.steps / (pause_s + read.steps * step_s)
+        assert fastest >= read.sustained_rate >= read.steps / (pause_s + batch_s + read.steps * step_s) / 4, read
+
+
 @pytest.mark.parametrize("allowed", [True, False])
 def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_workers(
     monkeypatch: pytest.MonkeyPatch, allowed: bool, tmp_path: Path

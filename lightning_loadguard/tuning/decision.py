@@ -16,7 +16,8 @@ class CandidateResult:
 
     Attributes:
         setting: the loader settings.
-        rate: sustained training steps per second (``None`` if the setting failed).
+        rate: sustained training steps per second (``None`` if the setting failed, or its window made no batch:
+            served from batches made before it, the window says nothing of the rate).
         producer_rate: the producer's capacity in batches per second (``None`` if unmetered or failed).
         steps: steps the window ran (warm-up included).
         failed: why the setting failed, or ``None``.

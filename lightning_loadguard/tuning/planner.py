@@ -273,10 +273,13 @@ class Planner:
             return setting
         if not failed:
             note += self._measured(setting, window)
+        blank = not failed and not window.measured_a_rate
+        if blank:
+            note += "; its window made no batch (served from batches made before it)"
         self.results.append(
             CandidateResult(
                 setting=setting,
-                rate=None if failed else window.sustained_rate,
+                rate=None if failed or blank else window.sustained_rate,
                 producer_rate=None if failed else _producer_rate(setting, window),
                 steps=self.steps_for(setting),
                 failed=failed,
