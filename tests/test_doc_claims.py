@@ -47,8 +47,10 @@ class _HostBoundStep(pl.LightningModule):
         super().__init__()
         self.sim, self.first_s, self.host_s, self.second_s = device, first_s, host_s, second_s
         self.layer = torch.nn.Linear(2, 1)
+        self.between_s: list[float] = []  # the device's idle from the step before's last item to this one's first
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.between_s.append(max(0.0, time.perf_counter() - self.sim.drained_at()))
         self.sim.launch(self.first_s)
         self.sim.item()
         time.sleep(self.host_s)
@@ -69,13 +71,17 @@ def test_idle_inside_a_step_counts_as_the_devices_step_time_not_as_its_idle() ->
     first_s, host_s, second_s = 0.01, 0.02, 0.04
     clock = LoopClock()
     loader = DataLoader(_Fast(STEPS), batch_size=1)
-    quiet_trainer(max_epochs=1, callbacks=[guard, clock]).fit(_HostBoundStep(device, first_s, host_s, second_s), loader)
+    module = _HostBoundStep(device, first_s, host_s, second_s)
+    quiet_trainer(max_epochs=1, callbacks=[guard, clock]).fit(module, loader)
     m = guard.metrics
     # The device really idles inside every step (about 20 of every 70 ms), on the test's own clock.
     truly_idle = 1.0 - (first_s + second_s) / clock.period(WINDOW)
     assert truly_idle > 0.2, truly_idle
-    # None of it is reported as idle: the 40 ms queued last covers the loop's own work between steps.
-    assert m["loadguard/device_idle_fraction"] < 0.1, m
+    # None of it is reported as idle: the 40 ms queued last covers the loop's own work between steps on a quiet
+    # host. A busy one can make that work outlast it: the device then idles between steps too, by the device's
+    # own timeline, and only that may be reported.
+    between = sum(module.between_s[-WINDOW:]) / (WINDOW * clock.period(WINDOW))
+    assert m["loadguard/device_idle_fraction"] < between + 0.1, (m, between)
     assert m["loadguard/device_data_idle_fraction"] < 0.05, m
     # It is in the step instead: from the batch in hand to the step's end the device ran both items and waited
     # the host's sleep in between, however long the host took to get there.
