@@ -10,6 +10,7 @@ import socket
 import time
 from dataclasses import replace
 from statistics import fmean
+from typing import Any
 
 import pytest
 import torch
@@ -278,6 +279,29 @@ def test_the_workers_start_is_seen_whole_when_the_loop_trains_before_its_first_f
     waited, started = starts[0]
     assert 0.2 - in_iter <= started <= 1.5
     assert waited <= started - 0.1
+
+
+class _SlowToFork(DataLoader):
+    """Its ``iter()`` returns 0.3 s after its workers were forked, as forking many on a busy host does."""
+
+    def _get_iterator(self) -> Any:
+        iterator = super()._get_iterator()
+        time.sleep(0.3)
+        return iterator
+
+
+def test_workers_that_started_before_iter_returned_are_a_start_seen() -> None:
+    # Workers that finish starting while iter() still forks the others: their start lies inside iter(), none
+    # after it, and it is still a start (the monitor adds iter()'s own time). Not seeing it left persistent
+    # workers off where forking alone outlasts a short epoch.
+    starts: list[tuple[float, float]] = []
+    probe = LoaderProbe(
+        ProducerMeter(8), lambda s: None, lambda *seen: None, on_startup=lambda *seen: starts.append(seen)
+    )
+    loader = _SlowToFork(TimedDataset(length=16), batch_size=4, num_workers=2)
+    assert instrument(loader, probe) is None
+    assert len(list(loader)) == 4
+    assert starts == [(0.0, 0.0)]
 
 
 def test_probe_keeps_the_users_worker_init_fn() -> None:

@@ -47,6 +47,7 @@ class _EpochLedger:
         self.counters = counters
         self.flat = counters.flat
         rows = counters.rows
+        self.fresh = fresh
         self.base = [0] * rows if fresh else [counters.made(row) for row in range(rows)]
         self.received = [0] * rows
         self.started_at = time.perf_counter()
@@ -66,7 +67,8 @@ class LoaderProbe:
             probe then measures nothing more); a warning by default.
         on_startup: called, before ``on_fetch``, when a new iterator's workers have finished starting, with
             the seconds of its first fetch that went to waiting for them and the seconds from ``iter()``'s
-            return to the last worker's start (what each epoch's fresh workers cost a loop that fetches at once).
+            return to the last worker's start (what each epoch's fresh workers cost a loop that fetches at once;
+            both 0 where they had started before ``iter()`` returned: their start lay in ``iter()``'s own time).
         on_in_process: where batches are made in this process (``num_workers=0``), called with ``True`` once
             the loop's own fetch timing is seen around the making (``fetch_open``): from then on each of the
             loop's fetches is a batch's making (:meth:`ProducerMeter.made_by_loop`), and torch's fetcher runs
@@ -281,7 +283,13 @@ class LoaderProbe:
         the workers to finish starting up."""
         ledger.first_fetch = False
         ready_at = ledger.counters.ready_at()
+        if ready_at <= 0.0 or (ready_at < ledger.started_at and not ledger.fresh):
+            return 0.0  # no start seen, or none at all: persistent workers' next epoch
         if ready_at < ledger.started_at:
+            # Workers forked first can finish starting before iter() has forked the last: a start, all of it
+            # inside iter() (which the monitor times), none after it.
+            if self.on_startup is not None:
+                self.on_startup(0.0, 0.0)
             return 0.0
         startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
         if self.on_startup is not None:
