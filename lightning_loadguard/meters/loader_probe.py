@@ -283,12 +283,12 @@ class LoaderProbe:
         the workers to finish starting up."""
         ledger.first_fetch = False
         ready_at = ledger.counters.ready_at()
-        if ready_at <= 0.0 or (ready_at < ledger.started_at and not ledger.fresh):
-            return 0.0  # no start seen, or none at all: persistent workers' next epoch
+        if ready_at <= 0.0:
+            return 0.0  # no worker said it started
         if ready_at < ledger.started_at:
-            # Workers forked first can finish starting before iter() has forked the last: a start, all of it
-            # inside iter() (which the monitor times), none after it.
-            if self.on_startup is not None:
+            # Fresh workers forked first can finish starting before iter() has forked the last: a start, all of
+            # it inside iter() (which the monitor times). Persistent workers' next epoch starts none.
+            if ledger.fresh and self.on_startup is not None:
                 self.on_startup(0.0, 0.0)
             return 0.0
         startup = min(max(0.0, ready_at - start), time.perf_counter() - start)
