@@ -312,7 +312,7 @@ def test_under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both(
     build_loader(library, root, n=DDP_SAMPLES)  # the files, written once before the ranks read them
     out = tmp_path / "result"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    done = run_program([DDP_SCRIPT, library, root, out], timeout=300, env=env, cwd=DDP_SCRIPT.parent)
+    done = run_program([DDP_SCRIPT, library, root, out], timeout=150, env=env, cwd=DDP_SCRIPT.parent)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
     for epoch in range(DDP_EPOCHS):
