@@ -134,6 +134,22 @@ def test_a_draining_buffer_does_not_flatter_the_rate() -> None:
     assert filling.sustained_rate == pytest.approx(100.0)
 
 
+def test_a_drawn_down_window_reads_the_workers_capacity_not_where_their_rounds_fell() -> None:
+    # 8 workers at 0.4 s a batch make 20 a second, below the loop's 25: two windows of the same steady state that
+    # caught 3 and 7 finished batches (where the workers' synchronized rounds fell) read the same 20.
+    def window(made: int) -> WindowSnapshot:
+        return WindowSnapshot(
+            wait_s=(0.0,) * 10, step_s=(0.04,) * 10, batches_made=made,
+            settings=LoaderSettings(8), production_s=(0.4,) * made,
+        )  # fmt: skip
+
+    assert window(3).sustained_rate == pytest.approx(20.0)
+    assert window(7).sustained_rate == pytest.approx(20.0)
+    # Workers faster than the loop: the loop's own rate, as when the window made a batch per step.
+    fast = replace(window(7), production_s=(0.1,) * 7)
+    assert fast.sustained_rate == pytest.approx(25.0) == window(10).sustained_rate
+
+
 def _combine(windows: list[WindowSnapshot], failed: list[bool], steps: int = 6) -> tuple[WindowSnapshot, bool]:
     ranks = WindowRanks(steps=steps, production=12)
     rows = [ranks.row(w, failed=f) for w, f in zip(windows, failed, strict=True)]  # what the gather hands back

@@ -19,7 +19,7 @@ from lightning_loadguard.tuning.planner import RULES
 # A pipeline each rule helps on the sweep by far (most of them the one it helps most: benchmarks/RESULTS.md, the
 # ablation table), and its tuned / best with the rule and without it there.
 PAYS = {
-    "bisect": 286,  # bursty: 1.00 -> 0.56
+    "bisect": 814,  # bursty: 0.89 -> 0.50
     "contest": 804,  # io_bound: 1.00 -> 0.42
     "estimate": 637,  # cpu_bound: 0.97 -> 0.05
     "halve": 899,  # handover_bound: 1.00 -> 0.48
@@ -27,7 +27,7 @@ PAYS = {
     "replay_scan": 964,  # bursty: 0.99 -> 0.63
     "settle": 826,  # bursty: 1.00 -> 0.44
     "twice": 597,  # cpu_contended: 1.00 -> 0.57
-    "unsure": 970,  # bursty: 1.00 -> 0.52
+    "unsure": 898,  # bursty: 0.99 -> 0.63
 }
 """Rules not here: ``deeper`` changes no choice on the sweep (it serves a worker count walled by memory or
 ``max_workers``: ``test_tuning_core.py::test_bursts_get_the_depth_the_replay_asks_for``); ``cores_first`` scores

@@ -264,17 +264,32 @@ class WindowSnapshot:
 
         A buffer filled before the window can serve steps faster than the producer makes batches, but only
         until it runs dry. Only batches both made and consumed in the window count; when the buffer was
-        filling, the consumed steps count.
+        filling, the consumed steps count. With workers, the batches they made in a drawn-down window are a
+        count of where their rounds fell (workers started together finish their batches together, and a window
+        shorter than a round sees a phase of it, not a rate): their capacity counts instead, each worker making
+        one batch per mean production time (Little's law), where the loop's own rate is not lower.
 
         Example:
             >>> WindowSnapshot(wait_s=(0.0,) * 20, step_s=(0.125,) * 20, batches_made=15).sustained_rate
             6.0
+            >>> round(WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.05,) * 10, batches_made=8,
+            ...     settings=LoaderSettings(31), production_s=(1.2,) * 8).sustained_rate, 1)  # 31 / 1.2 s, above 20
+            20.0
+            >>> WindowSnapshot(wait_s=(0.1,) * 10, step_s=(0.05,) * 10, batches_made=6,
+            ...     settings=LoaderSettings(2), production_s=(0.5,) * 6).sustained_rate  # 2 / 0.5 s, below 6.7
+            4.0
         """
         loop = self.loop_s
         if loop <= 0:
             return 0.0
-        count = self.steps if self.batches_made is None else min(self.steps, self.batches_made)
-        return count / loop
+        made = self.batches_made
+        if made is None or made >= self.steps:
+            return self.steps / loop
+        workers = self.settings.num_workers
+        production = self.mean_production_s
+        if workers > 0 and production:
+            return min(self.steps / loop, workers / production)
+        return made / loop
 
     @property
     def consumer_rate(self) -> float:

@@ -2,7 +2,8 @@
 
 One procedure (docs/tuning.md states it in five sentences):
 
-1. Every setting measured is an *arm*: its windows, joined, give a sustained rate and a standard error (from
+1. Every setting measured is an *arm*: its windows, joined, give a sustained rate (where a window drew the
+   buffer down, the workers' capacity: :attr:`WindowSnapshot.sustained_rate`) and a standard error (from
    the spread of their blocks' rates); one settling rule holds for every arm, the user's included: a window a
    later one of the same run beats beyond the noise had not settled after the restart, and is set aside.
 2. The worker count moves by one search, on the rates as measured: from the model's estimate (Little's law on
