@@ -86,14 +86,14 @@ def _group(root: int) -> list[tuple[int, int, str]]:
     """The program and its descendants: (pid, depth below the program, command line)."""
     found: list[tuple[int, int, str]] = []
     with contextlib.suppress(psutil.Error):
-        top = psutil.Process(root)
-        found.append((root, 0, " ".join(top.cmdline())))
-        for child in top.children(recursive=True):
-            depth, parent = 1, child.ppid()
-            with contextlib.suppress(psutil.Error):
-                while parent != root and depth < 8:
-                    parent, depth = psutil.Process(parent).ppid(), depth + 1
-                found.append((child.pid, depth, " ".join(child.cmdline())[:300]))
+        level, depth = [psutil.Process(root)], 0
+        while level:
+            below = []
+            for process in level:
+                with contextlib.suppress(psutil.Error):
+                    found.append((process.pid, depth, " ".join(process.cmdline())[:300]))
+                    below.extend(process.children())
+            level, depth = below, depth + 1
     return found
 
 

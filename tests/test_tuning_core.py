@@ -138,10 +138,7 @@ def test_a_drawn_down_window_reads_the_workers_capacity_not_where_their_rounds_f
     # 8 workers at 0.4 s a batch make 20 a second, below the loop's 25: two windows of the same steady state that
     # caught 3 and 7 finished batches (where the workers' synchronized rounds fell) read the same 20.
     def window(made: int) -> WindowSnapshot:
-        return WindowSnapshot(
-            wait_s=(0.0,) * 10, step_s=(0.04,) * 10, batches_made=made,
-            settings=LoaderSettings(8), production_s=(0.4,) * made,
-        )  # fmt: skip
+        return replace(snapshot(10, 0.04, production_s=(0.4,) * made, made=made), settings=LoaderSettings(8))
 
     assert window(3).sustained_rate == pytest.approx(20.0)
     assert window(7).sustained_rate == pytest.approx(20.0)
