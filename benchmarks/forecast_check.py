@@ -8,8 +8,10 @@ gets. Each check then runs the what-if for real, without LoadGuard, in a process
 
 - throughput: steps over the wall time of the steady steps (the first ``WARMUP`` and the last ``TAIL`` left out),
   per rank (the mean of the ranks);
-- wait fraction: per step, the time from the end of the previous step to its batch's arrival in the module
-  (the fetch, plus Lightning's few hundred microseconds of loop code between the two), over the period;
+- wait fraction: the time the loop spends in the loader iterator's ``next`` (the fetch: the data wait as
+  LoadGuard defines it), over the period. The time from the end of a step to the next batch's arrival in the module
+  is shown beside it: it adds Lightning's loop code between the two, and under DDP Lightning's broadcast before each
+  fetch, where a rank also waits for the others;
 - in-flight memory: batches made (counted in each worker as its collate finishes) and not yet taken by the loop
   (counted in the module), read at the end of each step, times the batch's bytes, summed over the ranks: the mean
   against the forecast's queued bytes (the replay's mean buffer level), the most against the full queues (which
@@ -18,6 +20,11 @@ gets. Each check then runs the what-if for real, without LoadGuard, in a process
 The pipeline: each sample sleeps ``IO_S`` (a read) and computes ``CPU_S`` of CPU time (a transform); every
 ``BURST_EVERY``-th sample sleeps ``BURST_S`` more; batches of ``BATCH`` samples of ``FEATURES`` float32 values; a
 step of ``STEP_S`` that waits (as on an accelerator); 2 workers, prefetch 2.
+
+Where a check has more ranks, controls run after the checks: 1 and 2 ranks with batches made at no cost, the loader
+never short (what 2 ranks lose there is DDP's own cost, which no 1-rank run shows: the 2-rank check is then also set
+beside its forecast with that cost taken out), and two 1-rank runs of the measured settings at once (the same
+processes on the same cores, not coupled by DDP).
 
 On a shared host other work takes the cores in turns: the runs measure what it left them at the time. The table
 says for each figure whether it met the goal (throughput within 10 %, wait within 0.05, memory within 10 %) and
@@ -34,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
@@ -65,6 +73,7 @@ class Config:
     workers: int = WORKERS
     prefetch: int = PREFETCH
     step_s: float = STEP_S
+    free_batches: bool = False  # samples made at no cost: the loader is never short of a batch
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,8 @@ def _run(config: Config, steps: int, out: str, guard: bool) -> None:
             return self.length
 
         def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if config.free_batches:
+                return torch.tensor(index), torch.zeros(FEATURES)
             time.sleep(IO_S + (BURST_S if index % BURST_EVERY == 0 else 0.0))
             end = time.thread_time() + CPU_S
             while time.thread_time() < end:
@@ -161,7 +172,28 @@ def _run(config: Config, steps: int, out: str, guard: bool) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    loader = DataLoader(
+    fetches: list[float] = []
+
+    class FetchClock:
+        """The loader's iterator, each ``next`` timed: the fetch, as the training loop waits in it."""
+
+        def __init__(self, iterator: Any) -> None:
+            self.iterator = iterator
+
+        def __iter__(self) -> FetchClock:
+            return self
+
+        def __next__(self) -> Any:
+            started = time.perf_counter()
+            batch = next(self.iterator)
+            fetches.append(time.perf_counter() - started)
+            return batch
+
+    class ClockedLoader(DataLoader):
+        def __iter__(self) -> Any:
+            return FetchClock(super().__iter__())
+
+    loader = ClockedLoader(
         Pipeline(steps * BATCH * config.ranks),
         batch_size=BATCH,
         num_workers=config.workers,
@@ -190,10 +222,11 @@ def _run(config: Config, steps: int, out: str, guard: bool) -> None:
     trainer.fit(module, loader)
     first, last = WARMUP, len(module.ended) - TAIL
     periods = [module.ended[k] - module.ended[k - 1] for k in range(first, last)]
-    waits = [module.arrived[k] - module.ended[k - 1] for k in range(first, last)]
+    gaps = [module.arrived[k] - module.ended[k - 1] for k in range(first, last)]
     result: dict[str, Any] = {
         "throughput": len(periods) / sum(periods),
-        "wait_fraction": sum(waits) / sum(periods),
+        "wait_fraction": sum(fetches[first:last]) / sum(periods),
+        "gap_fraction": sum(gaps) / sum(periods),
         "ready_max": max(module.ready[first:last]),
         "ready_mean": fmean(module.ready[first:last]),
         "batch_bytes": module.batch_bytes,
@@ -220,8 +253,10 @@ def _measure(config: Config, steps: int, guard: bool = False) -> dict[str, Any]:
             raise RuntimeError(f"the run {config} failed:\n{done.stderr[-3000:]}")
         ranks = [json.loads((Path(tmp) / f"result.rank{r}").read_text()) for r in range(config.ranks)]
     combined = {
+        "ranks": config.ranks,
         "throughput": fmean(r["throughput"] for r in ranks),
         "wait_fraction": fmean(r["wait_fraction"] for r in ranks),
+        "gap_fraction": fmean(r["gap_fraction"] for r in ranks),
         "inflight_max": sum(r["ready_max"] * r["batch_bytes"] for r in ranks),
         "inflight_mean": sum(r["ready_mean"] * r["batch_bytes"] for r in ranks),
     }
@@ -259,6 +294,7 @@ def _row(result: dict[str, Any], rerun: dict[str, Any] | None) -> list[str]:
         f"{wait.value:.2f} ({wait.low:.2f}..{wait.high:.2f})",
         f"{m['wait_fraction']:.2f}",
         f"{wait_err:+.2f} {verdict(abs(wait_err) <= GOAL_WAIT, wait.covers(m['wait_fraction']))}",
+        f"{m['gap_fraction']:.2f}",
         f"{queued.value / 1e6:.1f} ({queued.low / 1e6:.1f}..{queued.high / 1e6:.1f})",
         f"{m['inflight_mean'] / 1e6:.1f}",
         f"{queued_err:+.0%} {verdict(abs(queued_err) <= GOAL_MEMORY, queued.covers(m['inflight_mean']))}",
@@ -280,6 +316,7 @@ HEADERS = (
     "wait: forecast (range)",
     "measured",
     "error",
+    "step end to batch",
     "MB queued (mean): forecast (range)",
     "measured",
     "error",
@@ -343,6 +380,40 @@ def main() -> None:
         f"{facts.other_cores:.2f} of {facts.usable_cores:g} cores, and CPU-bound work ran "
         f"{facts.measured_slowdown:.2f}x slower than on free cores"
     )
+    ddp_cost, apart = None, []
+    ranked = [r for r in results if r["measured"]["ranks"] > 1]
+    if ranked:
+        # DDP's own cost per step, which a 1-rank run cannot show: the ranks' collectives (Lightning's broadcast
+        # before each fetch, the gradient all-reduce) and the lockstep they hold the ranks in, with the loader never
+        # short.
+        alone = _measure(Config(free_batches=True), args.steps)
+        together = _measure(Config(ranks=2, free_batches=True), args.steps)
+        # The same processes, not coupled: two 1-rank runs of the measured settings at once.
+        with ThreadPoolExecutor(2) as pool:
+            apart = list(pool.map(lambda _: _measure(BASELINE, args.steps), range(2)))
+        ddp_cost = together["throughput"] / alone["throughput"]
+        wait_cost = together["wait_fraction"] - alone["wait_fraction"]
+        line = (
+            f"DDP's own cost: with batches made at no cost (the loader never short), 2 ranks ran "
+            f"{together['throughput']:.1f} steps/s against 1 rank's {alone['throughput']:.1f} ({ddp_cost:.2f}x), "
+            f"waiting {together['wait_fraction']:.2f} of the time in the fetch against {alone['wait_fraction']:.2f}"
+        )
+        if rerun is not None:
+            check, again = ranked[0], rerun
+            measured = check["measured"]["throughput"] / again["measured"]["throughput"]
+            predicted = check["predicted"].throughput.value / again["predicted"].throughput.value
+            line += (
+                f"; the 2-rank check with that cost taken out: steps/s over its rerun {measured / ddp_cost:.2f} "
+                f"(forecast {predicted:.2f}), wait {check['measured']['wait_fraction'] - wait_cost:.2f} "
+                f"(forecast {check['predicted'].wait_fraction.value:.2f})"
+            )
+        print(line)
+        rates = " and ".join(f"{r['throughput']:.1f}" for r in apart)
+        waits = " and ".join(f"{r['wait_fraction']:.2f}" for r in apart)
+        line = f"Not coupled: two 1-rank runs of the measured settings at once ran {rates} steps/s, waiting {waits}"
+        if rerun is not None:
+            line += f" (one alone: {rerun['measured']['throughput']:.1f}, {rerun['measured']['wait_fraction']:.2f})"
+        print(line)
     spent = time.perf_counter() - started
     print(table(f"Forecast from that run vs measured ({args.steps} steps a run, {spent:.0f} s)", rows))
     if args.json:
@@ -357,7 +428,9 @@ def main() -> None:
             }
             for r in results
         ]
-        Path(args.json).write_text(json.dumps({"baseline": baseline, "results": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"baseline": baseline, "results": rows, "ddp_cost": ddp_cost, "apart": apart}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
 from lightning_loadguard.model.forecast import (
     Estimate,
+    Forecast,
     ForecastFacts,
     WhatIf,
     facts_from_window,
@@ -399,13 +400,6 @@ def test_the_hosts_own_sums_scale_with_the_ranks_where_the_settings_are_kept() -
     assert uniform.inflight_bytes is not None and uniform.inflight_bytes.value == 8 * 10**6
 
 
-def test_more_processes_than_cores_mark_the_wait_a_lower_bound() -> None:
-    facts = _facts(num_workers=2, step_cpu_s=0.002, handover_s=None)
-    marked = "read the wait as a lower bound"
-    assert not any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=2)).notes)  # 6 on 8 cores
-    assert any(marked in note for note in forecast(facts, WhatIf(ranks_per_node=3)).notes)  # 9 on 8 cores
-
-
 def test_a_worker_count_short_of_the_step_binds_first_at_the_step_over_their_capacity() -> None:
     # Twice as fast a step (10 ms) wants 100 batches/s; one worker makes a batch in 16 ms, 62.5 a second.
     f = forecast(_facts(), WhatIf(step_speedup=2.0))
@@ -422,11 +416,21 @@ def test_a_faster_step_is_taken_to_need_that_much_less_cpu() -> None:
     assert f.loop_cores == pytest.approx(100 * 0.005, rel=0.02)
 
 
-def test_more_ranks_say_that_gradient_synchronisation_is_not_in_the_step() -> None:
-    note = "gradient synchronisation between more ranks is not in the measured step"
-    assert note in forecast(_facts(), WhatIf(ranks_per_node=4)).notes
-    assert note not in forecast(_facts(), WhatIf()).notes
-    assert note not in forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=4)).notes
+def test_more_ranks_than_measured_bound_the_throughput_from_above_and_the_wait_from_below() -> None:
+    # DDP's collectives and lockstep are in a step measured on as many ranks, not in one measured on fewer.
+    def said(f: Forecast) -> bool:
+        return any(
+            note.startswith("DDP's own cost per step")
+            and "throughput as an upper bound and the wait as a lower one" in note
+            for note in f.notes
+        )
+
+    assert said(forecast(_facts(), WhatIf(ranks_per_node=4)))
+    assert said(forecast(_facts(ranks_per_node=2), WhatIf(ranks_per_node=4)))
+    assert not said(forecast(_facts(), WhatIf()))
+    assert not said(forecast(_facts(), WhatIf(num_workers=8)))  # more processes than cores, one rank: no DDP
+    assert not said(forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=4)))
+    assert not said(forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=2)))
 
 
 def test_a_run_without_workers_forecasts_workers_from_the_loops_fetch_and_says_so() -> None:

@@ -47,11 +47,9 @@ def test_two_ranks_are_forecast_from_one() -> None:
     # and a forecast that got the ranks' sharing wrong (one rank's rate halved, or doubled) does not.
     assert measured == pytest.approx(predicted, rel=SANITY + drift), (predicted, measured, drift)
 
-    # 2 ranks x (2 workers + the loop) on this 2-core host: the forecast says its wait is a lower bound there (a
-    # fair share of the cores, no switching cost), and so it is; still within the bound where the host has the cores.
+    # DDP's own cost (its collectives, the lockstep) is not in a 1-rank run: the forecast bounds the wait from below
+    # and says so, and the wait stays within the bound (it was 0.11 against 0.06 forecast on a quiet host).
+    assert any("the wait as a lower one" in note for note in two.notes), two.notes
     wait_drift = abs(rerun["wait_fraction"] - baseline["wait_fraction"])
-    if facts.usable_cores < 2 * (fc.WORKERS + 1):
-        assert any("read the wait as a lower bound" in note for note in two.notes), two.notes
-        assert measured_two["wait_fraction"] >= two.wait_fraction.value - SANITY_WAIT - wait_drift
-    else:
-        assert measured_two["wait_fraction"] == pytest.approx(two.wait_fraction.value, abs=SANITY_WAIT + wait_drift)
+    assert measured_two["wait_fraction"] >= two.wait_fraction.value - SANITY_WAIT - wait_drift
+    assert measured_two["wait_fraction"] <= two.wait_fraction.value + SANITY_WAIT + wait_drift

@@ -690,14 +690,6 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
         prefetch_factor=what_if.prefetch_factor or facts.prefetch_factor,
         pin_memory=facts.pin_memory if what_if.pin_memory is None else what_if.pin_memory,
     )
-    processes = ranks * (settings.num_workers + 1)
-    if processes > usable:
-        notes.append(
-            f"{processes} training processes and loader workers share {usable:g} cores: the cores are shared fairly "
-            "here, at no cost for switching between them; on such a host the wait was measured above this forecast "
-            "and the throughput below it (benchmarks/RESULTS.md), so read the wait as a lower bound and the "
-            "throughput as an upper one"
-        )
     k, b = what_if.step_speedup, what_if.batch_scale
     step_cpu = facts.step_cpu_s
     if step_cpu is None:
@@ -720,7 +712,12 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     if usable - other_used < 0.05 * usable:
         notes.append("other work used the cores' whole share in the measured window: 5 % of them is taken as left")
     if ranks > facts.ranks_per_node and ranks > 1:
-        notes.append("gradient synchronisation between more ranks is not in the measured step")
+        notes.append(
+            "DDP's own cost per step is not in a step measured on fewer ranks: the gradient all-reduce and "
+            "Lightning's broadcast before each fetch, which hold the ranks in lockstep (there, each rank's fetch of "
+            "a ready batch was measured slower: benchmarks/RESULTS.md); read the throughput as an upper bound and "
+            "the wait as a lower one"
+        )
     # Production as it would run with a core always there.
     unqueued = 1.0 - facts.production_queued_share
 
