@@ -253,7 +253,6 @@ def _measure(config: Config, steps: int, guard: bool = False) -> dict[str, Any]:
             raise RuntimeError(f"the run {config} failed:\n{done.stderr[-3000:]}")
         ranks = [json.loads((Path(tmp) / f"result.rank{r}").read_text()) for r in range(config.ranks)]
     combined = {
-        "ranks": config.ranks,
         "throughput": fmean(r["throughput"] for r in ranks),
         "wait_fraction": fmean(r["wait_fraction"] for r in ranks),
         "gap_fraction": fmean(r["gap_fraction"] for r in ranks),
@@ -381,7 +380,7 @@ def main() -> None:
         f"{facts.measured_slowdown:.2f}x slower than on free cores"
     )
     ddp_cost, apart = None, []
-    ranked = [r for r in results if r["measured"]["ranks"] > 1]
+    ranked = [r for c, r in zip(checks, results, strict=True) if c.config.ranks > 1]
     if ranked:
         # DDP's own cost per step, which a 1-rank run cannot show: the ranks' collectives (Lightning's broadcast
         # before each fetch, the gradient all-reduce) and the lockstep they hold the ranks in, with the loader never
@@ -399,9 +398,9 @@ def main() -> None:
             f"waiting {together['wait_fraction']:.2f} of the time in the fetch against {alone['wait_fraction']:.2f}"
         )
         if rerun is not None:
-            check, again = ranked[0], rerun
-            measured = check["measured"]["throughput"] / again["measured"]["throughput"]
-            predicted = check["predicted"].throughput.value / again["predicted"].throughput.value
+            check = ranked[0]
+            measured = check["measured"]["throughput"] / rerun["measured"]["throughput"]
+            predicted = check["predicted"].throughput.value / rerun["predicted"].throughput.value
             line += (
                 f"; the 2-rank check with that cost taken out: steps/s over its rerun {measured / ddp_cost:.2f} "
                 f"(forecast {predicted:.2f}), wait {check['measured']['wait_fraction'] - wait_cost:.2f} "
