@@ -48,7 +48,7 @@ def test_two_ranks_are_forecast_from_one() -> None:
     assert measured == pytest.approx(predicted, rel=SANITY + drift), (predicted, measured, drift)
 
     # DDP's own cost (its collectives, the lockstep) is not in a 1-rank run: the forecast bounds the wait from below
-    # and says so, and the wait stays within the bound (it was 0.11 against 0.06 forecast on a quiet host).
+    # and says so, and the wait stays within the bound (the benchmark's figures: benchmarks/RESULTS.md).
     assert any("the wait as a lower one" in note for note in two.notes), two.notes
     wait_drift = abs(rerun["wait_fraction"] - baseline["wait_fraction"])
     assert measured_two["wait_fraction"] >= two.wait_fraction.value - SANITY_WAIT - wait_drift
