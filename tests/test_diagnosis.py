@@ -160,6 +160,14 @@ def _ready_batches_taking_20_ms(**fields: object) -> WindowSnapshot:
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("accelerator", "words"), [(True, "converted on the accelerator"), (False, "collate_fn")])
+def test_the_hand_over_fix_names_where_the_batch_is_made_compact_here(accelerator: bool, words: str) -> None:
+    finding = diagnose(_ready_batches_taking_20_ms(accelerator=accelerator)).finding("transfer_bound")
+    assert finding is not None
+    assert words in finding.fix, finding.fix
+    assert ("uint8" in finding.fix) is accelerator, finding.fix
+
+
 def test_ready_batches_that_still_cost_time_are_transfer_bound() -> None:
     d = diagnose(_ready_batches_taking_20_ms())
     assert d.verdict == "transfer_bound"

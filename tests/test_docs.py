@@ -42,6 +42,19 @@ def test_the_dashboards_documented_charts_are_the_layouts() -> None:
     assert documented == layout
 
 
+def test_the_constants_the_verdicts_page_names_live_in_the_modules_it_names() -> None:
+    """docs/verdicts.md: "module constants of `module` (`NAME`, ...)": each name is an attribute of that module."""
+    import importlib
+
+    text = " ".join(_text("verdicts.md").split())
+    groups = re.findall(r"`(lightning_loadguard\.[\w.]+)` \(((?:`[A-Z_]+`(?:, )?)+)\)", text)
+    assert len(groups) >= 3, groups
+    for module, names in groups:
+        found = importlib.import_module(module)
+        for name in re.findall(r"`([A-Z_]+)`", names):
+            assert hasattr(found, name), f"{module} has no {name}"
+
+
 def test_every_verdict_is_in_the_catalogue() -> None:
     rows = re.findall(r"^\| `(\w+)` \|", _text("verdicts.md"), flags=re.M)
     assert rows == list(VERDICTS)
