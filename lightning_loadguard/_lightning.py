@@ -1,7 +1,7 @@
 """Everything that touches Lightning's internals, in one place, each with a fallback.
 
 Works with the unified ``lightning`` package and with the standalone ``pytorch_lightning`` package. Each
-internal says the Lightning versions whose sources were checked for it (the declared range is 2.4 to 2.6;
+internal says the Lightning versions whose sources were checked for it (the declared range is 2.5 to 2.6;
 ``tests/test_lightning_seam.py`` checks the installed one) and what LoadGuard does where it is missing. No
 other module of the package touches a Lightning private name (the same test greps for them).
 """
@@ -291,7 +291,7 @@ NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the
 
 def _missing(what: str, err: BaseException) -> PositionMismatchError:
     return PositionMismatchError(
-        f"this Lightning version ({pl.__version__}) keeps no {what} where versions 2.4-2.6 do ({err!r}); the "
+        f"this Lightning version ({pl.__version__}) keeps no {what} where versions 2.5-2.6 do ({err!r}); the "
         "loader position cannot be aligned with the trainer's, so exact resume is refused"
     )
 

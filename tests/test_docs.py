@@ -98,6 +98,16 @@ def test_architecture_names_what_exists() -> None:
     assert "FetchTimingProfiler" in names and "train_iterator" in names
     for name in names:
         assert hasattr(_lightning, name), f"architecture.md lists _lightning.{name}, which does not exist"
+    # ... and names all there is: every module of the package (a folder named whole covers its modules), every
+    # public function and class of the Lightning seam.
+    for module in sorted(package.rglob("*.py")):
+        relative = module.relative_to(package).as_posix()
+        folder = relative.split("/")[0] + "/"
+        if module.name != "__init__.py" and relative not in paths and folder not in paths:
+            raise AssertionError(f"architecture.md does not name {relative}")
+    seam = ast.parse(inspect.getsource(_lightning))
+    defined = {n.name for n in seam.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name[0] != "_"}
+    assert defined <= set(names), f"architecture.md's seam table lacks {sorted(defined - set(names))}"
 
 
 README = DOCS.parent / "README.md"
