@@ -15,7 +15,7 @@ from programs import run_program
 
 from lightning_loadguard import cli
 from lightning_loadguard.cli._runs import read_runs
-from lightning_loadguard.dashboard import custom_scalars_layout
+from lightning_loadguard.dashboard import METRICS, custom_scalars_layout
 from lightning_loadguard.model.diagnosis import STRAGGLER_GAP
 
 
@@ -58,6 +58,9 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     per_rank = 2 * rank0["batch_bytes"]
     assert rank0["inflight_host_bytes"] == 2 * per_rank
     assert rank0["metrics"]["loadguard/inflight_host_mb"] == pytest.approx(2 * per_rank / 1e6)
+    # Every figure of a distributed run (the worst rank among them) is in METRICS, as on one process.
+    assert "loadguard/worst_rank" in rank0["metrics"]
+    assert set(rank0["metrics"]) <= set(METRICS), set(rank0["metrics"]) - set(METRICS)
     # A rank that waits clearly more than the others is named.
     assert "straggler_rank" in rank0["verdicts"]
     assert worst in rank0["straggler"].values()

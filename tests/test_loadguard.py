@@ -18,6 +18,7 @@ from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_loadguard import LoadGuard
+from lightning_loadguard.dashboard import METRICS
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, _busy, timed_loader
 
 
@@ -607,12 +608,13 @@ def test_a_logger_with_log_text_gets_the_diagnosis_and_the_settings_switches_as_
         def __init__(self) -> None:
             super().__init__()
             self.tables: list[tuple[str, list[str], list[list[str]], int | None]] = []
+            self.metric_names: set[str] = set()
 
         def log_text(self, key: str, columns: list[str], data: list[list[str]], step: int | None = None) -> None:
             self.tables.append((key, columns, data, step))
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-            pass
+            self.metric_names.update(metrics)
 
         def log_hyperparams(self, *args: object, **kwargs: object) -> None:
             pass
@@ -633,6 +635,11 @@ def test_a_logger_with_log_text_gets_the_diagnosis_and_the_settings_switches_as_
     assert guard.decision is not None
     assert any("num_workers 1 ->" in text for text in by_key["loadguard/loader_settings"])
     assert "loadguard/auto_tune" in by_key
+    # Every figure logged is in METRICS, the list docs/metrics.md and the API call complete; the loader's
+    # settings and the tuner's count among them.
+    logged = {name for name in logger.metric_names if name.startswith("loadguard/")}
+    assert {"loadguard/wait_fraction", "loadguard/num_workers", "loadguard/retunes"} <= logged, logged
+    assert logged <= set(METRICS), logged - set(METRICS)
 
 
 class _CheapAfter(TimedDataset):
