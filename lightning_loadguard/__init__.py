@@ -37,7 +37,7 @@ __all__ = [
     "WhatIf",
     "custom_scalars_layout",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from lightning_loadguard.callback import LoadGuard

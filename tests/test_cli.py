@@ -223,9 +223,13 @@ def test_the_demos_default_run_is_built_to_take_well_under_a_minute() -> None:
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
     import lightning_loadguard
 
+    installed = version("lightning-loadguard")  # the distribution's metadata, not the constant the parser formats
+    assert lightning_loadguard.__version__ == installed
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])
     assert exit_info.value.code == 0
-    assert lightning_loadguard.__version__ in capsys.readouterr().out
+    assert capsys.readouterr().out.split() == ["loadguard", installed]
