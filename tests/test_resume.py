@@ -197,7 +197,11 @@ def _without_position(src: str, dst: str, **changes: Any) -> None:
 
 @pytest.mark.parametrize(
     "change,message",
-    [({"dataset_len": 21}, r"dataset length changed.*21 samples.*now has 20"), ({"version": 99}, r"version 99")],
+    [
+        ({"dataset_len": 21}, r"dataset length changed.*21 samples.*now has 20"),
+        ({"version": 99}, r"version 99"),
+        ({"written_by_a_later_release": 1}, r"unknown fields \['written_by_a_later_release'\]"),
+    ],
 )
 def test_bad_position_is_refused(change: dict[str, int], message: str, tmp_path: Path) -> None:
     case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 9}
