@@ -261,7 +261,7 @@ class _ProbeIterator:
     """The iterator the trainer fetches from while settings are probed; reverts when a probe fails.
 
     A worker that crashes or runs out of shared memory under a probed setting raises here, before its
-    batch left the loader: the loader restarts at the last good setting right after the batches already
+    batch left the loader: the loader restarts at the fastest setting measured so far right after the batches already
     handed out, so no sample is lost or repeated.
     """
 
@@ -831,8 +831,9 @@ class TuningSession:
     def _fallback(self) -> LoaderSettings | None:
         """The setting to go back to when the loader fails now, or ``None`` to let the error through.
 
-        While probing: the best setting measured so far. After the decision, for the rest of epoch 0: the
-        user's own settings, under which the run would have been without tuning.
+        While probing: the fastest setting measured so far. After the decision, for the rest of the epoch: the
+        setting probing started from (the user's own, under which the run would have been without tuning; in a
+        re-tune, the one before it).
         """
         if self._tap is None or self._loader is None or self._planner is None or self._good is None:
             return None
@@ -866,7 +867,8 @@ class TuningSession:
                 original,
                 throughput_after=self.decision.throughput_before,
                 verdict="no_gain",
-                reason=f"the chosen setting failed after probing ({self._fault}); your settings are back",
+                reason=f"the chosen setting failed after probing ({self._fault}); "
+                + ("your settings are back" if not self.decision.retunes else f"{original.label} is back"),
             )
 
     # -- the end ---------------------------------------------------------------------------------------
