@@ -142,7 +142,10 @@ def test_resumed_epoch_ends_as_without_the_interruption(stop_at: int, tmp_path: 
     assert steps == full_trainer.fit_loop.epoch_loop._batches_that_stepped == 10
 
 
-def test_seed_is_drawn_once_and_stored(tmp_path: Path) -> None:
+def test_seed_is_drawn_once_and_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test before this one may have called seed_everything, which leaves PL_GLOBAL_SEED set: without it the seed
+    # is drawn, and only the stored one can give the resumed run the same order.
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
     case = {"n": 20, "batch_size": 4, "epochs": 2}
     ckpt = str(tmp_path / "s.ckpt")
     before, _, _ = run(dict(case, stop_kind="step", stop_at=7), ckpt_out=ckpt)
@@ -153,6 +156,18 @@ def test_seed_is_drawn_once_and_stored(tmp_path: Path) -> None:
     after, _, _ = run(case, ckpt_in=ckpt)
     full, _, _ = run(dict(case, seed=stored["seed"]))
     assert before.seen + after.seen == full.seen
+
+
+@pytest.mark.parametrize(("global_seed", "loader_seed", "stored_seed"), [("11", None, 11), ("11", 3, 3)])
+def test_the_seed_is_loader_seed_else_pl_global_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, global_seed: str, loader_seed: int | None, stored_seed: int
+) -> None:
+    """docs/resume.md: the seed is ``loader_seed`` where the datamodule sets it, else ``PL_GLOBAL_SEED``."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", global_seed)
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": loader_seed}
+    ckpt = str(tmp_path / "s.ckpt")
+    run(dict(case, stop_kind="step", stop_at=3), ckpt_out=ckpt)
+    assert torch.load(ckpt, weights_only=False)["Data"]["loadguard_loader_position"]["seed"] == stored_seed
 
 
 def test_stateful_iterable_resumes_at_the_consumer(tmp_path: Path) -> None:

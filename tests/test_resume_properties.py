@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from resume_harness import Data, Indexed, Recorder
 from resume_shapes import quiet_trainer
@@ -82,7 +82,10 @@ def _check(
     where: str,
     tmp: Path,
     several: bool = False,
-) -> None:
+) -> tuple[int, int]:
+    """Train with the crashes, resume after each, and compare every sample trained with an uninterrupted run's;
+    returns the crashes that happened and those planned (a crash point after which no validation ran leaves the
+    run to finish)."""
     per_epoch = n // batch_size if drop_last else math.ceil(n / batch_size)
     assume(per_epoch >= 1)
     if limit is not None:
@@ -114,7 +117,7 @@ def _check(
     _fit(case, loop, full, None)
     assert len(full.seen) > 0
     seen: list[int] = []
-    done = 0
+    done = happened = 0
     ckpt: str | None = None
     for i, point in enumerate([*points, None]):
         path = str(tmp / f"crash{i}.ckpt")
@@ -124,11 +127,13 @@ def _check(
             _fit(case, loop, model, ckpt)
         except _Crash:
             ckpt, crashed = path, True
+            happened += 1
         seen += model.seen
         done = model.batches
         if not crashed:  # no validation came after the crash point: the run finished
             break
     assert seen == full.seen
+    return happened, len(points)
 
 
 LAYOUT = {
@@ -147,8 +152,9 @@ LAYOUT = {
 }
 
 
-# What the explicit examples below share; each names what it changes.
-_EXAMPLE: dict[str, Any] = {
+# Sequences that went wrong when the position was read from Lightning's epoch counters, each run as written: every
+# crash it plans must happen (a generated case may plan one after the last validation, and then finishes).
+_CASE: dict[str, Any] = {
     "n": 20,
     "batch_size": 4,
     "drop_last": False,
@@ -158,32 +164,48 @@ _EXAMPLE: dict[str, Any] = {
     "where": "batch_end",
     "several": False,
 }
+EXAMPLES = {
+    # A crash on an epoch's last batch, then one mid-epoch.
+    "last_then_mid": {"epochs": 3, "crashes": [(0, "last"), (1, 0.5)]},
+    "accumulated_validated_twice": {
+        "accumulate": 2,
+        "val_every": 0.5,
+        "epochs": 3,
+        "crashes": [(0, "last"), (1, "last"), (2, 0.4)],
+    },
+    # At the validation that follows an epoch's last batch (every 3rd batch of 6).
+    "validation_after_the_last_batch": {
+        "n": 6,
+        "batch_size": 1,
+        "val_every": 3,
+        "epochs": 2,
+        "crashes": [(0, "last")],
+        "where": "validation_end",
+    },
+    "limited_dropping_validated": {
+        "n": 17,
+        "batch_size": 3,
+        "drop_last": True,
+        "limit": 4,
+        "val_every": 2,
+        "epochs": 3,
+        "crashes": [(0, "last"), (1, 0.5)],
+        "where": "validation_end",
+    },
+    "several_loaders": {"epochs": 2, "crashes": [(0, 0.6), (0, "last"), (1, 0.4)], "several": True},
+}
 
 
-def _example(**changes: Any) -> Any:
-    return example(**{**_EXAMPLE, **changes})
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_the_sequences_that_went_wrong_resume_exactly(tmp_path: Path, name: str) -> None:
+    happened, planned = _check(**{**_CASE, **EXAMPLES[name]}, tmp=tmp_path)
+    assert happened == planned, (happened, planned)
 
 
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(**LAYOUT)
-# A crash on an epoch's last batch, then one mid-epoch and one at the next validation: the sequences that
-# went wrong when the position was read from Lightning's epoch counters.
-@_example(epochs=3, crashes=[(0, "last"), (1, 0.5)])
-@_example(accumulate=2, val_every=0.5, epochs=3, crashes=[(0, "last"), (1, "last"), (2, 0.4)])
-@_example(n=5, batch_size=1, val_every=3, epochs=1, crashes=[(0, "last")], where="validation_end")
-@_example(
-    n=17,
-    batch_size=3,
-    drop_last=True,
-    limit=4,
-    val_every=2,
-    epochs=3,
-    crashes=[(0, "last"), (1, 0.5)],
-    where="validation_end",
-)
-@_example(epochs=2, crashes=[(0, 0.6), (0, "last"), (1, 0.4)], several=True)
 def test_crashes_anywhere_resume_exactly(tmp_path: Path, **params: Any) -> None:
     _check(**params, tmp=tmp_path)
 
