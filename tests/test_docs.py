@@ -353,6 +353,17 @@ def test_the_readme_names_every_benchmark_script() -> None:
     assert [name for name in scripts if f"`{name}`" not in section] == []
 
 
+def test_ci_installs_the_loader_libraries_at_the_releases_the_loaders_page_names() -> None:
+    """docs/loaders.md: "Checked with datasets X, webdataset Y, litdata Z": CI pins each, so a newer release does not
+    skip the tests of one release's behaviour (test_hf_stream_claims.py) or change what the page states."""
+    text = " ".join(_text("loaders.md").split())
+    named = dict(re.findall(r"(datasets|webdataset|litdata) (\d+\.\d+\.\d+)", text.split("Checked with", 1)[1][:120]))
+    assert set(named) == {"datasets", "webdataset", "litdata"}, named
+    ci = (DOCS.parent / ".ci" / "run").read_text()
+    for library, release in named.items():
+        assert f"{library}=={release}" in ci, f".ci/run does not install {library}=={release}"
+
+
 def test_the_readmes_account_of_ci_is_what_ci_runs() -> None:
     """README's Development section and quick start, against `.ci/run` and pyproject.toml as written."""
     root = DOCS.parent
