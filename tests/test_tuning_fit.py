@@ -540,21 +540,49 @@ def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_work
     assert resumed.decision == decision and at_start == [allowed]
 
 
+class _MadeBy(TimedDataset):
+    """Each sample carries the ``num_workers`` of the iterator that made it (0: the training process)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i, x = super().__getitem__(index)
+        info = get_worker_info()
+        x = x.clone()
+        x[0] = float(info.num_workers if info is not None else 0)
+        return i, x
+
+
+class _ProbedSteps(pl.Callback):
+    """Steps trained, before the tuner's first decision, on a batch made under another ``num_workers`` than the
+    user's: the probing as the loop lived it, counted apart from the tuner's own figures."""
+
+    def __init__(self, guard: LoadGuard, user_workers: int) -> None:
+        self.guard, self.user_workers, self.steps = guard, user_workers, 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.guard.decision is None and set(batch[1][:, 0].tolist()) != {float(self.user_workers)}:
+            self.steps += 1
+
+
 @pytest.mark.usefixtures("scripted")
 @pytest.mark.parametrize(("limit", "epoch_steps"), [(None, 200), (40, 40)])
 def test_the_probe_budget_is_a_share_of_the_epoch_the_trainer_runs(limit: int | None, epoch_steps: int) -> None:
     # docs/architecture.md: the epoch's steps are the trainer's (limit_train_batches), not the loader's length.
     options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)
     guard = LoadGuard(print_summary=False, auto_tune=options)
-    trainer = quiet_trainer(max_epochs=3, callbacks=[guard], limit_train_batches=limit or 1.0)
+    probed = _ProbedSteps(guard, user_workers=0)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[guard, probed], limit_train_batches=limit or 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(TimedModule(), DataLoader(TimedDataset(800), batch_size=4))
+        trainer.fit(TimedModule(), DataLoader(_MadeBy(800), batch_size=4))
     decision = guard.decision
     assert decision is not None and trainer.num_training_batches == epoch_steps
     spans = [span for span in (1, 2, 3) if decision.probe_budget_steps == int(options.probe_share * epoch_steps * span)]
     assert spans, (decision.probe_budget_steps, epoch_steps)
-    assert decision.probe_steps <= decision.probe_budget_steps
+    # docs/tuning.md, "within probe_share": the steps the loop trained under other settings, counted from the
+    # batches themselves, stay within the budget (a share of the epochs probing spanned), and they are the
+    # decision's own count.
+    assert 0 < probed.steps <= decision.probe_budget_steps, (probed.steps, decision.probe_budget_steps)
+    assert decision.probe_steps == probed.steps
 
 
 def _slow_start(worker_id: int) -> None:
