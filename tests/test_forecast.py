@@ -287,6 +287,67 @@ def test_the_margin_spans_two_standard_deviations_of_the_block_means() -> None:
     assert result.wait_fraction.low < result.wait_fraction.value < result.wait_fraction.high
 
 
+def test_the_margin_spans_two_standard_deviations_of_the_step_times_block_means() -> None:
+    # The step drifts between 15 ms and 25 ms blocks (mean 20 ms, block means 5 ms apart from it: a spread of 0.25);
+    # production is constant (no spread of its own) at 16 ms for one worker. Two standard deviations scale the
+    # steps by 0.5 and by 1.5. At 0.5 every step (7.5 or 12.5 ms) is shorter than a batch: the worker paces the
+    # loop at 1 / 16 ms, and each step waits 16 ms less its own, 6 ms of 16 on average. At 1.5 every step (22.5 or
+    # 37.5 ms) outlasts a batch: the step paces at 1 / 30 ms and never waits.
+    step = tuple([0.015] * 8 + [0.025] * 8) * 4
+    facts = _facts(step_s=step)
+    blocks = [fmean(step[i * 8 : (i + 1) * 8]) for i in range(8)]
+    assert pstdev(blocks) / fmean(step) == pytest.approx(0.25)
+    assert facts.production_spread == 0.0 and facts.other_cores_spread == 0.0  # the step's spread alone
+    result = forecast(facts)
+    assert result.throughput.low == pytest.approx(1 / 0.030, rel=1e-3)
+    assert result.throughput.high == pytest.approx(1 / 0.016, rel=1e-3)
+    assert result.wait_fraction.low == pytest.approx(0.0, abs=1e-3)
+    assert result.wait_fraction.high == pytest.approx(0.006 / 0.016, abs=1e-3)
+
+
+def test_the_margin_spans_two_standard_deviations_of_other_works_use_over_windows() -> None:
+    # The busy host (BUSY above: 3 threads of other work at the measured slow-down of 2), with other work's use
+    # spread by 0.25 of a core over the windows: two standard deviations are 0.5 of a core, 1 thread either way.
+    # One worker computing 16 ms a batch on 2 cores with n other threads runs at s (2 - 1 / s) = n, i.e.
+    # s = (n + 1) / 2: 2 threads give s = 1.5 (24 ms a batch, still slower than the 20 ms step: 1 / 24 ms, a wait
+    # of 4 / 24); 4 threads give s = 2.5 (40 ms a batch: 1 / 40 ms, a wait of 20 / 40).
+    facts = _facts(**BUSY, other_cores_spread=0.25)
+    assert facts.production_spread == 0.0 and facts.step_spread == 0.0  # other work's spread alone
+    result = forecast(facts)
+    assert result.throughput.value == pytest.approx(1 / 0.032, rel=1e-3)  # as measured: 3 threads, s = 2
+    assert result.throughput.low == pytest.approx(1 / 0.040, rel=1e-3)
+    assert result.throughput.high == pytest.approx(1 / 0.024, rel=1e-3)
+    assert result.wait_fraction.low == pytest.approx(0.004 / 0.024, abs=1e-3)
+    assert result.wait_fraction.high == pytest.approx(0.020 / 0.040, abs=1e-3)
+    # Where the user names the other work, there is no measured drift to span.
+    named = forecast(facts, WhatIf(other_cores=1.5))
+    assert named.throughput.low == named.throughput.value == named.throughput.high
+
+
+def test_a_spread_over_half_the_mean_takes_the_low_times_to_zero_not_below() -> None:
+    # Production drifts between 5 ms and 35 ms blocks (mean 20 ms, spread 0.75): two standard deviations below
+    # the mean is less than no time. The fast end is batches made at no cost, where the 10 ms step paces the loop
+    # (1 / 10 ms); the slow end scales every batch by 2.5 (12.5 or 87.5 ms, each slower than the step): the one
+    # worker paces the loop at its mean, 1 / 50 ms. Forecasting a negative time raised ValueError here before.
+    production = tuple([0.005] * 8 + [0.035] * 8) * 4
+    result = forecast(_facts(production_s=production, step_s=(0.010,) * 64, batch_cpu_s=0.020))
+    assert result.throughput.low == pytest.approx(1 / 0.050, rel=1e-3)
+    assert result.throughput.high == pytest.approx(1 / 0.010, rel=1e-3)
+    assert result.wait_fraction.low == pytest.approx(0.0, abs=1e-3)
+
+
+def test_the_settings_hold_only_while_the_wait_stays_below_five_percent() -> None:
+    # Nothing binds: one worker makes a batch in 16 ms for a 20 ms step (a load of about 0.7), the cores are
+    # barely used and memory is not counted. The hand-over alone sets the wait: h / (20 ms + h). 1 ms waits
+    # 1 / 21 = 4.8 % of the time, 1.1 ms waits 1.1 / 21.1 = 5.2 %.
+    for handover, wait, holds in ((0.0010, 1 / 21, True), (0.0011, 1.1 / 21.1, False)):
+        result = forecast(_facts(handover_s=handover))
+        assert result.wait_fraction.value == pytest.approx(wait, abs=1e-6)
+        assert max(result.loads.values()) < 1 and result.binds_first is None, result.loads
+        assert result.holds is holds, (handover, result.wait_fraction.value)
+    assert "the loop waits for data" in forecast(_facts(handover_s=0.0011)).sentence()
+
+
 def test_facts_are_read_from_a_window_as_measured() -> None:
     # Two workers; fetches 1, 3 and 4 found their batch made (waits 2, 4, 6 ms): a hand-over of 4 ms.
     use = CpuUse(window_s=1.0, usable_cores=2.0, host_cores=2, loop_cores=0.2, worker_cores=1.0, busy_cores=1.9)

@@ -3,11 +3,17 @@ when the settings would not hold on the node's every device."""
 
 from __future__ import annotations
 
+import multiprocessing
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from lightning_loadguard import Forecast, LoadGuard, cli
 from lightning_loadguard import _lightning as _pl
@@ -107,3 +113,72 @@ def test_report_refuses_a_bad_what_if_naming_the_argument(
     _, root, _ = fitted
     assert cli.main(["report", str(root), "--what-if", "ranks_per_node=eight"]) == 2
     assert "ranks_per_node must be training processes per node, an integer >= 1; got 'eight'" in capsys.readouterr().err
+
+
+class _Stream(IterableDataset):
+    """Samples without a length: Lightning cannot tell the epoch's last batch but by fetching one ahead."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(4000):
+            yield torch.tensor(i), torch.zeros(FEATURES)
+
+
+class _Indexed(Dataset):
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(index), torch.zeros(FEATURES)
+
+
+@pytest.mark.parametrize(("dataset", "ahead"), [(_Stream(), 1), (_Indexed(), 0)], ids=["no-length", "sized"])
+def test_lightning_fetches_one_batch_ahead_of_the_forecasts_queues_only_for_a_loader_without_a_length(
+    dataset: Dataset, ahead: int
+) -> None:
+    # forecast.md: the in-flight count is the queues' capacity; for a loader without a length Lightning holds one
+    # more batch, fetched ahead to learn whether the current one is the last. The truth is the dataset's own
+    # counters: batches made (counted in the workers' collate) less batches taken (counted in training_step, the
+    # step's own batch included), at each step's end.
+    made = multiprocessing.get_context("fork").Value("i", 0)
+
+    def counted(samples: list[Any]) -> Any:
+        batch = default_collate(samples)
+        with made.get_lock():
+            made.value += 1
+        return batch
+
+    class Counting(TimedModule):
+        def __init__(self) -> None:
+            super().__init__(step_s=0.03)  # long enough for the workers to refill every freed slot
+            self.taken = self.batch_bytes = 0
+            self.outstanding: list[int] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.taken += 1
+            self.batch_bytes = sum(t.element_size() * t.nelement() for t in batch)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            super().on_train_batch_end(outputs, batch, batch_idx)
+            self.outstanding.append(made.value - self.taken)
+
+    workers, prefetch = 2, 3
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        collate_fn=counted,
+        multiprocessing_context="fork",
+    )
+    guard, module = LoadGuard(window=4, print_summary=False), Counting()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet_trainer(max_steps=12, callbacks=[guard]).fit(module, loader)
+    assert len(module.outstanding) == 12
+    # At most the queues and the batch fetched ahead; all of them once the workers caught up (a busy host may keep
+    # a worker from refilling its slot by some step's end, never from every one).
+    assert max(module.outstanding) == workers * prefetch + ahead, module.outstanding
+    figure = guard.forecast().inflight_bytes
+    assert module.batch_bytes == BATCH * (8 + 4 * FEATURES)
+    assert figure is not None and figure.value == workers * prefetch * module.batch_bytes

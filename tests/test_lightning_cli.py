@@ -59,6 +59,28 @@ def test_loadguard_from_yaml(tmp_path: Path) -> None:
     assert guard.diagnosis is not None
 
 
+def test_auto_tune_true_in_the_yaml_turns_the_tuner_on_for_the_fit(tmp_path: Path) -> None:
+    # troubleshooting.md's YAML, as printed there: `auto_tune: true` reaches LoadGuard as True and its tuner
+    # looks at the fit's loader. Its 8-step epochs are too short to probe, and only a tuner says so.
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning_loadguard.LoadGuard\n"
+        "      init_args:\n"
+        "        window: 50\n"
+        "        auto_tune: true\n"
+    )
+    cli = _run(["fit", f"--config={config}", *_TRAINER_ARGS, f"--trainer.default_root_dir={tmp_path}"])
+    (guard,) = _guards(cli)
+    assert guard.window == 50 and guard.auto_tune is True
+    assert "auto-tuning is off: epochs have 8 steps" in guard.summary()
+    # Without it, no tuner and nothing said about tuning.
+    plain = _run(["fit", *_TRAINER_ARGS, f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=LoadGuard"])
+    (untuned,) = _guards(plain)
+    assert untuned.auto_tune is False and "auto-tuning" not in untuned.summary()
+
+
 def test_loadguard_from_the_command_line(tmp_path: Path) -> None:
     cli = _run(
         [

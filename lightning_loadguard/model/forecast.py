@@ -740,8 +740,9 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     central = case(1.0, 1.0, 0.0)
     main = _outcome(central)
     p, s = MARGIN_SIGMAS * facts.production_spread, MARGIN_SIGMAS * facts.step_spread
+    # A spread over half the mean puts the low corner's times below zero: no time is shorter than none.
     corners = [main] + [
-        _outcome(case(1.0 + dp, 1.0 + ds, do))
+        _outcome(case(max(0.0, 1.0 + dp), max(0.0, 1.0 + ds), do))
         for dp in (-p, p)
         for ds in (-s, s)
         for do in (-other_spread, other_spread)
