@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, IterableDataset, Sampler, get_worker_info
 
 
 class PyShuffle(Sampler[int]):
@@ -118,3 +119,16 @@ class UnseededShuffle(Sampler[int]):
 
     def __len__(self) -> int:
         return self.n
+
+
+class MadeBy:
+    """A collate that appends to the batch (a list) the ``num_workers`` of the iterator that made it (0: the
+    training process), from torch's own worker info: which loader settings a batch came from, told apart from a
+    tuner's own account of its switches."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: list[Any]) -> list[Any]:
+        info = get_worker_info()
+        return [*self.collate(samples), torch.tensor(info.num_workers if info is not None else 0)]

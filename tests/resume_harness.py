@@ -76,6 +76,8 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
     extra: dict[str, Any] = {"num_workers": workers, "persistent_workers": c.get("persistent", False)}
     if c.get("prefetch"):
         extra["prefetch_factor"] = c["prefetch"]
+    if c.get("pin_memory"):
+        extra["pin_memory"] = True
     if kind == "stateful_iterable":
         return DataLoader(StatefulStream(n), batch_size=b, **extra)
     if kind == "stateful_iterable_loader":
@@ -112,6 +114,10 @@ def build_train_loader(case: dict[str, Any], trainer: Any) -> Any:
         return StatefulDataLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
     if kind == "subclass":
         return GeneratorLoader(ds, batch_size=b, shuffle=True, drop_last=drop_last, **extra)
+    if kind == "dict_with_stream":  # several loaders, one over an IterableDataset
+        return {"a": DataLoader(ds, batch_size=b, shuffle=True, **extra), "b": DataLoader(Stream(n), batch_size=b)}
+    if kind == "list_with_subclass":  # several loaders, one a DataLoader subclass
+        return [DataLoader(ds, batch_size=b, shuffle=True, **extra), GeneratorLoader(Indexed(n // 2), batch_size=b)]
     if kind in ("dict", "list", "combined"):
         # A second task half as long, whose samples are told apart by an offset of 1000 in the record.
         loaders = [
@@ -210,13 +216,16 @@ SHAPES = {
 
 
 def make_datamodule(case: dict[str, Any]) -> pl.LightningDataModule:
-    """The datamodule of ``case['shape']`` (default ``plain``) over the loader ``case`` describes."""
+    """The datamodule of ``case['shape']`` (default ``plain``; ``without_mixin``: no ResumableLoaderMixin) over
+    the loader ``case`` describes."""
     shape = case.get("shape", "plain")
     if shape == "from_datasets":
         # Lightning's own loader: shuffled, over the dataset given.
         data = FromDatasets.from_datasets(train_dataset=Indexed(case["n"]), batch_size=case.get("batch_size", 4))
         if case.get("seed") is not None:
             data.loader_seed = case["seed"]
+    elif shape == "without_mixin":  # the same loader with Lightning's own resume, for comparison
+        data = _PlainBase(case)
     else:
         data = SHAPES[shape](case)
     if case.get("validate"):

@@ -15,11 +15,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from loader_libraries import build_loader, installed, iterate
+from pipelines import quiet_trainer
 from programs import run_program
 from resume_chain import NOT_RESUMABLE
 from resume_harness import Recorder, case_trainer
 from test_loader_libraries import _run_chains
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 needs_webdataset = pytest.mark.skipif(not installed("webdataset"), reason="webdataset is not installed")
 needs_litdata = pytest.mark.skipif(not installed("litdata"), reason="litdata is not installed")
@@ -224,3 +227,39 @@ def test_webdataset_default_nodesplitter_refuses_a_second_rank(files: Path, monk
         iterate(build_loader("webdataset", root, n=40))
     # The documented fix: split_by_node gives this rank its half of the shards.
     assert iterate(build_loader("webdataset", root, n=40, rank=(1, 2))) == [*range(10, 20), *range(30, 40)]
+
+
+class ShardsByWorkerInfo(IterableDataset):
+    """An iterable that shards by worker itself, through ``get_worker_info()``, declaring nothing."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(worker, self.n, workers):
+            yield torch.tensor(i), torch.zeros(16)
+
+
+def test_an_iterable_sharding_by_worker_info_is_not_recognised_and_keeps_its_workers() -> None:
+    # docs/loaders.md, Known limits: the tuner recognises worker sharding by what a library declares; one done
+    # through get_worker_info() gets the naive iterable's sentence, and num_workers is kept either way.
+    from lightning_loadguard import LoadGuard, TuneOptions
+    from lightning_loadguard.synthetic import TimedModule
+    from lightning_loadguard.tuning.sharding import worker_sharding
+
+    n = 160
+    assert worker_sharding(ShardsByWorkerInfo(n)) is None
+    guard = LoadGuard(print_summary=False, auto_tune=TuneOptions(warmup_steps=2, window_steps=6))
+    module = TimedModule(step_s=0.004)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[guard])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(ShardsByWorkerInfo(n), batch_size=4, num_workers=2))
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "model_only"
+    assert "may not shard by worker, so num_workers is not changed" in decision.reason
+    assert trainer.train_dataloader.num_workers == 2
+    # Nothing duplicated, nothing lost: no worker was added and no stream restarted mid-epoch.
+    assert sorted(module.seen) == sorted(list(range(n)) * 2)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lightning.pytorch.profilers import SimpleProfiler
+from loader_fixtures import MadeBy
 from loader_libraries import FEATURES, LIBRARIES, MAP_STYLE, build_loader, installed, iterate
 from pipelines import FETCH_ACTION, ClockedModule, Observed, quiet_trainer
 from programs import run_program
@@ -69,10 +71,13 @@ def _sized(loader: Any) -> bool:
         return False
 
 
-def _fit(loader: Any, step_s: float, epochs: int = 2, **guard_kwargs: Any) -> tuple[LoadGuard, ClockedModule]:
+def _fit(
+    loader: Any, step_s: float, epochs: int = 2, module: type[ClockedModule] = ClockedModule, **guard_kwargs: Any
+) -> tuple[LoadGuard, Any]:
     pl.seed_everything(0, verbose=False)
     guard = LoadGuard(window=WINDOW, print_summary=False, **guard_kwargs)
-    module = ClockedModule(step_s=step_s, features=FEATURES)
+    # Made after the seed: its weights' draws come before the loader's, as in every run compared with this one.
+    module = module(step_s=step_s, features=FEATURES)
     profiler = SimpleProfiler()
     quiet_trainer(max_epochs=epochs, callbacks=[guard], profiler=profiler).fit(module, loader)
     module.fetch_s = list(profiler.recorded_durations[FETCH_ACTION])
@@ -204,20 +209,41 @@ def test_a_fast_pipeline_is_diagnosed_as_compute_bound(library: str, files: Path
 ITERABLES = [_library(name) for name in LIBRARIES if name not in MAP_STYLE]
 
 
+class MadeByRecorder(ClockedModule):
+    """Records ``(epoch, num_workers that made the batch)`` for every step of a :class:`MadeBy` loader."""
+
+    def __init__(self, step_s: float = 0.0, features: int = FEATURES) -> None:
+        super().__init__(step_s=step_s, features=features)
+        self.made_by: list[tuple[int, int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.made_by.append((self.current_epoch, int(batch[4])))
+        return super().training_step(batch, batch_idx)
+
+
 @pytest.mark.parametrize("library", ALL)
 def test_the_tuner_keeps_every_epochs_samples_and_order(library: str, files: Path) -> None:
     _, untuned, _ = _data_bound(library, files)
     loader = build_loader(library, files / library, shuffle=_shuffled(library), **DATA_BOUND)
-    guard, tuned = _fit(loader, DATA_BOUND_STEP_S, auto_tune=True)
-    assert tuned.seen == untuned.seen
+    loader.collate_fn = MadeBy(loader.collate_fn)
+    guard, tuned = _fit(loader, DATA_BOUND_STEP_S, module=MadeByRecorder, auto_tune=True)
     decision = guard.decision
     assert decision is not None
-    if library in MAP_STYLE:  # probed and switched mid-epoch like any Dataset
+    user = DATA_BOUND["num_workers"]
+    epoch_0 = [workers for epoch, workers in tuned.made_by if epoch == 0]
+    if library in MAP_STYLE:
+        # Probed and switched mid-epoch like any Dataset: epoch 0 began under the user's 2 workers and, within it,
+        # trained batches that another worker count made (the batches say so, not the tuner). Without a switch the
+        # comparison below would hold by construction.
+        assert epoch_0[0] == user, epoch_0
+        assert set(epoch_0) - {user}, (epoch_0, decision.reason)
         assert decision.verdict != "model_only", decision.reason
     else:  # the worker count is kept, with the reason in one sentence
+        assert {workers for _, workers in tuned.made_by} == {user}
         assert decision.verdict == "model_only"
-        assert decision.num_workers == DATA_BOUND["num_workers"]
+        assert decision.num_workers == user
         assert "each epoch's order depends on num_workers" in decision.reason
+    assert tuned.seen == untuned.seen
 
 
 @pytest.mark.parametrize("library", ITERABLES)
@@ -298,6 +324,36 @@ def test_keep_random_draws_keeps_every_augmentation_bit_identical(library: str, 
 # -- DDP ------------------------------------------------------------------------------------------------------
 
 DDP_SAMPLES, DDP_EPOCHS = 480, 2  # as ddp_library_script.py: 60 steps an epoch on each rank
+DDP_DRIVER = """
+# ddp_library_script.py with each batch carrying the num_workers that made it (loader_fixtures.MadeBy): every
+# rank also writes (epoch, that num_workers) for each of its steps to OUT.made_by.rankR.
+import json
+import sys
+
+import ddp_library_script as script
+import torch
+from loader_fixtures import MadeBy
+
+built, step = script.build_loader, script.EpochRecorder.training_step
+
+
+def build_loader(*args, **kwargs):
+    loader = built(*args, **kwargs)
+    loader.collate_fn = MadeBy(loader.collate_fn)
+    return loader
+
+
+def training_step(self, batch, batch_idx):
+    with open(f"{sys.argv[3]}.made_by.rank{self.global_rank}", "a") as record:
+        record.write(json.dumps([self.current_epoch, int(batch[4])]) + "\\n")
+    return step(self, batch, batch_idx)
+
+
+script.build_loader, script.EpochRecorder.training_step = build_loader, training_step
+script.main(*sys.argv[1:4])
+if torch.distributed.is_available() and torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+"""
 
 
 @pytest.mark.slow
@@ -307,14 +363,20 @@ def test_under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both(
 ) -> None:
     # Two CPU ranks (gloo), each pipeline split as its library documents it (ddp_library_script.py), with
     # auto-tuning on: every epoch, the ranks' samples are disjoint and together every sample once; every rank
-    # holds both ranks' figures and the same decision.
+    # holds both ranks' figures and the same decision. The script runs under a driver that tags every batch with
+    # the num_workers that made it, so that the probing is seen in the batches, not in the tuner's account.
     root = files / "ddp" / library
     build_loader(library, root, n=DDP_SAMPLES)  # the files, written once before the ranks read them
     out = tmp_path / "result"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    done = run_program([DDP_SCRIPT, library, root, out], timeout=150, env=env, cwd=DDP_SCRIPT.parent)
+    driver = tmp_path / "ddp_made_by.py"
+    driver.write_text(DDP_DRIVER)
+    # Lightning starts the second rank by running the driver again: both find the tests' modules on this path.
+    path = os.pathsep.join(filter(None, [str(DDP_SCRIPT.parent), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=path)
+    done = run_program([driver, library, root, out], timeout=150, env=env, cwd=DDP_SCRIPT.parent)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
+    made_by = [[json.loads(line) for line in Path(f"{out}.made_by.rank{r}").read_text().splitlines()] for r in (0, 1)]
     for epoch in range(DDP_EPOCHS):
         parts = [rank["by_epoch"][epoch] for rank in ranks]
         assert all(len(part) == DDP_SAMPLES // 2 for part in parts), [len(part) for part in parts]
@@ -322,9 +384,13 @@ def test_under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both(
     fractions = [rank["rank_wait_fractions"] for rank in ranks]
     assert len(fractions[0]) == 2 and fractions[0] == fractions[1]
     assert ranks[0]["decision"] is not None and ranks[0]["decision"] == ranks[1]["decision"]
+    assert [len(steps) for steps in made_by] == [DDP_EPOCHS * DDP_SAMPLES // 2 // 4] * 2
     if library in MAP_STYLE:
+        # Probed: on every rank, batches made under another worker count than the 2 the loader was built with.
+        assert all({workers for _, workers in steps} - {2} for steps in made_by), made_by
         assert ranks[0]["decision"]["verdict"] != "model_only", ranks[0]["decision"]
     else:
+        assert all({workers for _, workers in steps} == {2} for steps in made_by), made_by
         assert ranks[0]["decision"]["verdict"] == "model_only", ranks[0]["decision"]
         assert "each epoch's order depends on num_workers" in ranks[0]["decision"]["reason"]
         assert [rank["num_workers"] for rank in ranks] == [2, 2]
@@ -451,6 +517,19 @@ def test_webdataset_without_state_is_never_resumed_silently(library: str, files:
     loader = build_loader(library, files / "refusals", n=40)
     with pytest.warns(UserWarning, match="without state_dict"):
         _fit_with_mixin(loader)
+
+
+@pytest.mark.parametrize("library", [_library("litdata")])
+def test_litdata_keeps_its_own_position_and_the_mixin_says_so_once(library: str, files: Path) -> None:
+    # docs/resume.md: a loader with its own state_dict() and a length is resumed by that state; the mixin positions
+    # nothing and says so once at fit start.
+    loader = build_loader(library, files / "refusals", n=40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit_with_mixin(loader)
+    said = [str(w.message) for w in caught if "keeps its own position" in str(w.message)]
+    assert len(said) == 1, said
+    assert said[0].startswith("StreamingDataLoader keeps its own position"), said
 
 
 @pytest.mark.slow

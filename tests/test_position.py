@@ -61,6 +61,98 @@ def test_seeded_iteration_covers_python_random() -> None:
     assert seeded_iteration(PySampler(), 1, 4) == seeded_iteration(PySampler(), 1, 4)
 
 
+def test_each_epochs_order_is_the_sampler_seeded_from_seed_plus_epoch() -> None:
+    # docs/resume.md: epoch e's order is the user's sampler iterated with torch's generator seeded from seed + e.
+    # The truth is torch's own RandomSampler after torch.manual_seed(seed + e).
+    n, seed = 17, 40
+    loader = make_resumable(DataLoader(range(n), batch_size=1, shuffle=True), seed=seed)
+    planned = planned_sampler(loader)
+    orders = []
+    for epoch in range(3):
+        planned.set_epoch(epoch)
+        torch.manual_seed(seed + epoch)
+        expected = list(RandomSampler(range(n)))
+        orders.append(_flat(list(loader)))
+        assert orders[-1] == expected, epoch
+    assert orders[0] != orders[1] != orders[2]
+
+
+class _OwnGenerators:
+    """A sampler drawing from generators it keeps as attributes: Python's, numpy's legacy and new, torch's."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.py = random.Random(1)
+        self.legacy = np.random.RandomState(2)
+        self.rng = np.random.default_rng(3)
+        self.gen = torch.Generator().manual_seed(4)
+
+    def __iter__(self):
+        order = list(range(24))
+        self.py.shuffle(order)
+        order = [order[i] for i in self.legacy.permutation(24)]
+        order = [order[i] for i in self.rng.permutation(24)]
+        return iter([order[i] for i in torch.randperm(24, generator=self.gen).tolist()])
+
+
+class _Wrapping:
+    """A sampler that wraps another (as ``.sampler``) and draws only from that one's generators."""
+
+    def __init__(self) -> None:
+        self.sampler = _OwnGenerators()
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+
+def _states(sampler: _OwnGenerators) -> list[object]:
+    import numpy as np
+
+    return [
+        sampler.py.getstate(),
+        repr(sampler.legacy.get_state()),
+        repr(sampler.rng.bit_generator.state),
+        sampler.gen.get_state().tolist(),
+        random.getstate(),
+        repr(np.random.get_state()),
+        torch.get_rng_state().tolist(),
+    ]
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["own", "on_the_wrapped_sampler"])
+def test_seeded_iteration_seeds_every_generator_attribute_and_restores_them(wrapped: bool) -> None:
+    # docs/resume.md: a random.Random, RandomState, np.random.Generator or torch.Generator kept by the sampler or
+    # by the sampler it wraps is seeded from (seed, epoch), and every state is put back afterwards.
+    source = _Wrapping() if wrapped else _OwnGenerators()
+    holder = source.sampler if wrapped else source
+    before = _states(holder)
+    first = seeded_iteration(source, seed=6, epoch=1)
+    assert _states(holder) == before
+    assert sorted(first) == list(range(24))
+    assert first == seeded_iteration(source, seed=6, epoch=1)
+    assert first != seeded_iteration(source, seed=6, epoch=2)
+    # Not seeded, the same sampler draws another order each pass: the equality above is the seeding's.
+    assert list(holder) != list(holder)
+
+
+def test_a_user_distributed_sampler_is_widened_to_its_whole_permutation() -> None:
+    # docs/resume.md: a DistributedSampler built for rank 1 of 2 is widened to its whole permutation first, then
+    # sharded as DistributedSampler shards: the truth is torch's own DistributedSampler, for one and two ranks.
+    ds = list(range(11))  # odd: the two-rank shards are padded
+    user = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=5)
+    for world, rank in ((1, 0), (2, 0), (2, 1)):
+        loader = make_resumable(DataLoader(ds, batch_size=2, sampler=user), seed=0, rank=rank, world_size=world)
+        planned = planned_sampler(loader)
+        for epoch in (0, 3):
+            planned.set_epoch(epoch)
+            ref = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=5)
+            ref.set_epoch(epoch)
+            assert _flat(list(loader)) == list(ref), (world, rank, epoch)
+        if world == 1:
+            assert sorted(planned.global_order(3)) == ds
+
+
 def test_shard_matches_distributed_sampler() -> None:
     ds = list(range(23))
     for drop_last in (False, True):

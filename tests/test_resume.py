@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Any
@@ -73,13 +74,16 @@ def test_resume_with_another_num_workers(workers_before: int, workers_after: int
 
 
 def test_resume_with_other_worker_settings(tmp_path: Path) -> None:
-    # docs/resume.md: num_workers, prefetch_factor, persistent_workers may differ between the saving and the
-    # resuming run. Saved with 2 workers, prefetch 2, fresh each epoch; resumed with 3, prefetch 4, persistent.
+    # docs/resume.md: num_workers, prefetch_factor, persistent_workers and pin_memory may differ between the
+    # saving and the resuming run. Saved with 2 workers, prefetch 2, fresh each epoch, pin_memory; resumed with
+    # 3, prefetch 4, persistent, no pin_memory (on a CPU-only host torch warns and does not pin: the loader
+    # argument still differs, which is what the position must not depend on).
     case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 1}
     full, _, _ = run(case)
     ckpt = str(tmp_path / "s.ckpt")
-    saved = dict(case, workers=2, prefetch=2, stop_kind="step", stop_at=4)
-    before, _, _ = run(saved, ckpt_out=ckpt)
+    saved = dict(case, workers=2, prefetch=2, pin_memory=True, stop_kind="step", stop_at=4)
+    before, data, _ = run(saved, ckpt_out=ckpt)
+    assert data.trainer.train_dataloader.pin_memory
     after, _, _ = run(dict(case, workers=3, prefetch=4, persistent=True), ckpt_in=ckpt)
     assert before.seen + after.seen == full.seen
 
@@ -113,8 +117,14 @@ def test_resume_twice_in_a_row(tmp_path: Path) -> None:
 
 def test_estimated_stepping_batches_in_configure_optimizers(tmp_path: Path) -> None:
     case = {"n": 24, "batch_size": 4, "epochs": 2, "seed": 3, "read_stepping": True}
-    full, resumed = _resume(case, tmp_path, "step", 8)
-    assert resumed == full
+    full, _, _ = run(case)
+    ckpt = str(tmp_path / "stop.ckpt")
+    before, _, _ = run(dict(case, stop_kind="step", stop_at=8), ckpt_out=ckpt)
+    after, _, _ = run(case, ckpt_in=ckpt)
+    assert before.seen + after.seen == full.seen
+    # The estimate read in configure_optimizers, in the fresh and in the resumed fit: 24 samples in batches of 4,
+    # 6 steps an epoch, 2 epochs (the test's own count).
+    assert full.stepping_batches == after.stepping_batches == 12
 
 
 def test_limit_train_batches(tmp_path: Path) -> None:
@@ -170,6 +180,63 @@ def test_the_seed_is_loader_seed_else_pl_global_seed(
     assert torch.load(ckpt, weights_only=False)["Data"]["loadguard_loader_position"]["seed"] == stored_seed
 
 
+@pytest.mark.parametrize("stop_kind,stop_at", [("step", 5), ("epoch_end", 0)], ids=["last_batch", "epoch_end"])
+def test_a_finished_epoch_is_stored_as_the_next_ones_start(stop_kind: str, stop_at: int, tmp_path: Path) -> None:
+    # docs/resume.md, "What is stored": 20 samples in batches of 4 make 5 batches; after epoch 0's fifth (the
+    # test's own count) or at its end, the checkpoint holds epoch 1, nothing consumed.
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7}
+    ckpt = str(tmp_path / "end.ckpt")
+    before, _, _ = run(dict(case, stop_kind=stop_kind, stop_at=stop_at), ckpt_out=ckpt)
+    assert sorted(before.seen) == list(range(20))
+    stored = torch.load(ckpt, weights_only=False)["Data"][STATE_KEY]
+    assert (stored["epoch"], stored["batches_consumed"], stored["samples_consumed"]) == (1, 0, 0)
+
+
+def _repairs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any]]:
+    """Every call of the counter repair while a checkpoint is restored: (loop state before, after)."""
+    from lightning_loadguard import _lightning, datamodule
+
+    calls: list[tuple[Any, Any]] = []
+    repair = datamodule.repair_restored_progress
+
+    def watched(trainer: Any, epoch: int, batches: int) -> None:
+        loops = (_lightning.loaded_checkpoint(trainer) or {}).get("loops")
+        before = copy.deepcopy(loops)
+        repair(trainer, epoch, batches)
+        calls.append((before, copy.deepcopy(loops)))
+
+    monkeypatch.setattr(datamodule, "repair_restored_progress", watched)
+    return calls
+
+
+@pytest.mark.parametrize("stop_at", [3, 7])
+def test_a_checkpoint_whose_counters_are_consistent_is_not_changed(
+    stop_at: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/resume.md: written mid-epoch by a fresh, uninterrupted process, Lightning's counters already agree with
+    # the position, and the repair leaves the checkpoint's loop state as written.
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7}
+    ckpt = str(tmp_path / "mid.ckpt")
+    run(dict(case, stop_kind="step", stop_at=stop_at), ckpt_out=ckpt)
+    calls = _repairs(monkeypatch)
+    run(case, ckpt_in=ckpt)
+    assert len(calls) == 1 and calls[0][0] is not None
+    assert calls[0][1] == calls[0][0]
+
+
+def test_a_checkpoint_whose_counters_are_wrong_is_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The control for the test above: after a fit max_steps cut mid-epoch, Lightning counts the epoch processed,
+    # and the watched repair does change the loop state.
+    case = {"n": 20, "batch_size": 4, "epochs": 2, "seed": 7}
+    ckpt = str(tmp_path / "cut.ckpt")
+    _, _, trainer = run(dict(case, max_steps=7))
+    trainer.save_checkpoint(ckpt)
+    calls = _repairs(monkeypatch)
+    run(case, ckpt_in=ckpt)
+    assert len(calls) == 1 and calls[0][0] is not None
+    assert calls[0][1] != calls[0][0]
+
+
 def test_stateful_iterable_resumes_at_the_consumer(tmp_path: Path) -> None:
     # Unsized: Lightning fetches one batch ahead, which must not count as consumed.
     case = {"n": 22, "batch_size": 4, "epochs": 2, "sampler": "stateful_iterable"}
@@ -195,7 +262,10 @@ def test_stateful_iterable_checkpoint_on_the_epochs_last_batch(n: int, tmp_path:
 
 def test_iterable_with_workers_is_refused() -> None:
     case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": "stateful_iterable", "workers": 2}
-    with pytest.raises(ValueError, match="num_workers=2"):
+    # docs/resume.md quotes the error: the whole wording, not just the setting it names.
+    with pytest.raises(
+        ValueError, match=r"a stateful IterableDataset read by num_workers=2 worker processes cannot be resumed exactly"
+    ):
         run(case)
 
 
@@ -322,6 +392,16 @@ def test_several_train_loaders_resume_exactly(kind: str, stop_at: int, tmp_path:
 def test_a_combined_loader_is_refused_at_fit_start() -> None:
     case = {"n": 12, "batch_size": 4, "epochs": 1, "sampler": "combined"}
     with pytest.raises(ValueError, match=r"returned a CombinedLoader of 2 loaders.*Return the dict or list"):
+        run(case)
+
+
+@pytest.mark.parametrize(
+    "sampler,named",
+    [("dict_with_stream", r"loader 'b' is a DataLoader over Stream"), ("list_with_subclass", r"loader 1 is a Gene")],
+)
+def test_several_loaders_one_not_a_plain_map_style_loader_are_refused_at_fit_start(sampler: str, named: str) -> None:
+    case = {"n": 12, "batch_size": 4, "epochs": 1, "seed": 7, "sampler": sampler}
+    with pytest.raises(ValueError, match=named + r".*continues several loaders only when each is a plain DataLoader"):
         run(case)
 
 

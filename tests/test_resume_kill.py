@@ -100,6 +100,17 @@ SCENARIOS: list[dict[str, Any]] = [
         "reference": {"max_steps": 13},
         "segments": [{"max_epochs": 1, "max_steps": -1, "save": "after_fit"}, {"max_steps": 13}],
     },
+    # The same with Lightning's step and epoch-end checkpoints written in both fits (docs/resume.md's row on a
+    # larger max_steps from an epoch's end).
+    {
+        "name": "after_fit_at_max_epochs_with_lightning_checkpoints_then_max_steps",
+        "case": dict(BASE, epochs=-1),
+        "reference": {"max_steps": 13},
+        "segments": [
+            dict(AFTER_FIT_CHECKPOINTS, max_epochs=1, max_steps=-1),
+            dict(AFTER_FIT_CHECKPOINTS, max_steps=13, save=None),
+        ],
+    },
     # Case 3: samplers drawing from numpy.
     {"name": "numpy_global_sampler", "case": dict(BASE, sampler="numpy_global"), "segments": [_step(7), {}]},
     {
@@ -137,6 +148,18 @@ SCENARIOS: list[dict[str, Any]] = [
         "case": dict(BASE, sampler="stateful_loader", seed_everything=3, workers=2),
         "segments": [_step(8), {}],
     },
+    # Case 7: what docs/resume.md says is refused at fit start on several ranks, fitted on 2 ranks: the reference
+    # fit stops before its first step (no segment follows).
+    {
+        "name": "ddp_custom_batch_sampler_refused",
+        "case": {"n": 24, "batch_size": 3, "epochs": 1, "seed": 5, "devices": 2, "sampler": "batch_sampler"},
+        "segments": [],
+    },
+    {
+        "name": "ddp_stateful_iterable_refused",
+        "case": {"n": 24, "batch_size": 3, "epochs": 1, "devices": 2, "sampler": "stateful_iterable"},
+        "segments": [],
+    },
     # Case 6: a plain mid-epoch resume, exact before too, but Lightning warned that it was unreliable.
     {"name": "mid_epoch", "case": BASE, "segments": [_step(7), {}]},
     # Case 6, the control: a loader the mixin cannot rebuild keeps Lightning's warning (and is not exact).
@@ -155,11 +178,20 @@ SLOW = {
     "numpy_global_sampler",
     "stateful_dataloader_workers",
     "several_loaders_workers",
+    "ddp_custom_batch_sampler_refused",  # 2-rank fits: ~4 s each on 2 cores
+    "ddp_stateful_iterable_refused",
 }
+REFUSED = {
+    "ddp_custom_batch_sampler_refused": r"ValueError: a custom batch sampler \(Alternating\) cannot be sharded over "
+    r"world_size=2 ranks exactly",
+    "ddp_stateful_iterable_refused": r"ValueError: a stateful IterableDataset cannot be resumed exactly with "
+    r"world_size > 1",
+}
+"""Scenarios whose fit the mixin refuses at its start, with the error's words."""
 EXACT = [
     pytest.param(s["name"], marks=[pytest.mark.slow] if s["name"] in SLOW else [])
     for s in SCENARIOS
-    if s["name"] != "subclass_not_guaranteed"
+    if s["name"] != "subclass_not_guaranteed" and s["name"] not in REFUSED
 ]
 
 
@@ -228,6 +260,19 @@ def test_several_loaders_on_another_world_size_are_refused(chains: dict[str, Any
         run(case, ckpt_in=chains["ddp_several_loaders"]["checkpoints"][0])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_fit_on_two_ranks_is_refused_at_its_start(name: str, slow_chains: dict[str, Any]) -> None:
+    # docs/resume.md: a custom batch sampler, or a stateful IterableDataset, on more than one rank is refused at
+    # fit start: a real 2-rank fit (ddp_fork) ends with the error before any rank trained a batch.
+    import re
+
+    result = slow_chains[name]
+    assert result["ended"] == ["exit 1"]
+    assert result["reference"] == {"0": [], "1": []}
+    assert re.search(REFUSED[name], slow_chains["_stderr"]), slow_chains["_stderr"][-3000:]
+
+
 def test_the_comparison_catches_an_inexact_loader(chains: dict[str, Any]) -> None:
     # A DataLoader subclass (its __iter__ a generator), resumed mid-epoch with allow_inexact_resume: training
     # runs, Lightning still warns, and the same comparison finds the samples that differ.
@@ -235,3 +280,61 @@ def test_the_comparison_catches_an_inexact_loader(chains: dict[str, Any]) -> Non
     assert result["ended"] == ["exit 0", "SIGKILL", "exit 0"]
     assert result["resumed"]["0"] != result["reference"]["0"]
     assert result["warned"][1], "Lightning's warning must reach the resumed run when nothing guarantees the order"
+
+
+def test_the_resume_tables_slow_notes_are_the_tests_marks() -> None:
+    # docs/resume.md: "Tests marked (slow) run with pytest -m slow; the others run in the default pytest". Every
+    # test or scenario a row names carries "(slow)" exactly where its mark (or this file's SLOW set) makes it slow.
+    import importlib
+    import re
+
+    def param_is_slow(function: Any, name: str) -> bool:
+        """Whether the case ``name`` (its id or first value) of ``function``'s parametrization is slow."""
+        marks = getattr(function, "pytestmark", [])
+        cases = [c for m in marks if m.name == "parametrize" for c in m.args[1] if name in (c.id, c.values[0])]
+        assert cases, f"{function.__name__} has no case {name}"
+        return slow_mark(function) or any(m.name == "slow" for m in cases[0].marks)
+
+    def slow_mark(obj: Any) -> bool:
+        """Marked slow itself, or every case of one of its parametrizations is."""
+        marks = getattr(obj, "pytestmark", [])
+        marks = marks if isinstance(marks, list) else [marks]  # a module's may be one mark
+        for mark in marks:
+            if mark.name == "slow":
+                return True
+            if mark.name == "parametrize":
+                cases = list(mark.args[1])
+                if cases and all(any(m.name == "slow" for m in getattr(c, "marks", ())) for c in cases):
+                    return True
+        return False
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "resume.md").read_text()
+    table = text[text.index("## What is supported") :]
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]  # past the header and its rule
+    assert len(rows) > 20
+    scenarios = {s["name"] for s in SCENARIOS}
+    checked = 0
+    for row in rows:
+        cell = row.strip().strip("|").split("|")[-1]
+        module: Any = None
+        function: Any = None
+        for token, noted in re.findall(r"`([^`]+)`( \(slow\))?", cell):
+            path, _, name = token.partition("::")
+            if path.endswith(".py"):
+                module = importlib.import_module(path.removesuffix(".py"))
+            else:
+                name = token
+            if not name or "*" in name:
+                continue
+            assert module is not None, row
+            if module.__name__ == __name__ and name in scenarios:
+                slow = name in SLOW
+            elif hasattr(module, name):
+                function = getattr(module, name)
+                slow = slow_mark(function) or slow_mark(module)
+            else:  # a case of the test named before it
+                assert function is not None, row
+                slow = param_is_slow(function, name) or slow_mark(module)
+            assert slow == bool(noted), f"{token}: marked slow {slow}, noted (slow) {bool(noted)}"
+            checked += 1
+    assert checked > 30, checked
