@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_loadguard.callback import LoadGuard
+from lightning_loadguard.meters.settings import settings_of
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.tuning.session import TuningSession
 
@@ -18,9 +19,9 @@ ORDER_NOTE = "later epochs hold every sample once in another order"
 
 def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapshot:
     """The window a setting measures where one worker makes a batch in 12 ms against a 4 ms step."""
-    assert self._planner is not None
-    setting = self._planner.current
-    steps = self._window_steps
+    # Watching a decision a resumed fit applied, the session has no planner: the loader runs the setting.
+    setting = self._planner.current if self._planner is not None else settings_of(self._loader)
+    steps = self._window_steps if self._planner is not None else self._watch_steps
     production, step = 0.012, 0.004
     period = step + production if setting.num_workers == 0 else max(step, production / setting.num_workers)
     window = WindowSnapshot(

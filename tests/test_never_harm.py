@@ -15,6 +15,7 @@ import torch
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_loadguard import LoadGuardWarning
 from lightning_loadguard._lightning import FetchTimingProfiler, pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.synthetic import TimedDataset, TimedModule
@@ -30,14 +31,19 @@ def train(
     epochs: int = 2,
     module: TimedModule | None = None,
     callbacks: list[Any] | None = None,
+    said: list[str] | None = None,
 ) -> tuple[list[int], Any]:
-    """The sample indices that reach ``training_step``, in order, and the trainer."""
+    """The sample indices that reach ``training_step``, in order, and the trainer; ``said`` collects every
+    LoadGuard warning the fit emitted, repeats included."""
     pl.seed_everything(5, verbose=False)
     module = module or TimedModule()
     trainer = quiet_trainer(max_epochs=epochs, callbacks=[*(callbacks or []), *([guard] if guard else [])])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore")
+        warnings.simplefilter("always", LoadGuardWarning)
         trainer.fit(module, make_loader())
+    if said is not None:
+        said.extend(str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning))
     return module.seen, trainer
 
 
@@ -212,11 +218,13 @@ def test_keep_random_draws_keeps_every_epochs_order_and_in_process_draws_of_an_a
     untuned, _ = train(make, None, epochs=3, module=plain)
     tuned_module = RecordsDraws(step_s=0.002)
     guard = LoadGuard(print_summary=False, auto_tune=TuneOptions(keep_random_draws=True))
-    tuned, trainer = train(make, guard, epochs=3, module=tuned_module)
+    said: list[str] = []
+    tuned, trainer = train(make, guard, epochs=3, module=tuned_module, said=said)
     assert tuned == untuned
     assert tuned_module.features == plain.features
     assert trainer.train_dataloader.num_workers == 0
-    assert any("random stream" in note for note in guard._said)
+    assert guard.decision is not None and guard.decision.verdict == "model_only", guard.decision
+    assert sum("keep_random_draws=True" in message for message in said) == 1, said
 
 
 def test_persistent_workers_chosen_by_the_tuner_keep_every_epochs_order() -> None:

@@ -87,7 +87,9 @@ def _fit(
     logger: Any = False,
     length: int = LENGTH,
     reload: int = 0,
+    said: list[str] | None = None,
 ) -> tuple[list[int], LoadGuard, HeavyFrom]:
+    """A fit of the phased dataset; ``said`` collects every LoadGuard warning, repeats included."""
     pl.seed_everything(5, verbose=False)
     dataset = PhasedDataset(length)
     loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
@@ -102,10 +104,12 @@ def _fit(
         logger=logger,
         reload_dataloaders_every_n_epochs=reload,
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=said is not None) as caught:
         warnings.simplefilter("ignore")
         warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
         trainer.fit(module, loader)
+    if said is not None and caught is not None:
+        said.extend(str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning))
     return module.seen, guard, clock
 
 
@@ -126,20 +130,34 @@ def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_fast
 ) -> None:
     # The order does not depend on the timings: the untuned reference runs light and without a step.
     untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0)
-    seen, guard, clock = _fit(options, logger=TensorBoardLogger(str(tmp_path), name="run"))
+    # The clock check below needs a first decision the heavy phase outruns by far: one whose workers sustain
+    # under 70 % of the step's rate there. On a busy host the light phase's probing can choose many workers
+    # (its loop waited on the host, not the loader); such a fit is run again, at most three times.
+    for attempt in range(3):
+        said: list[str] = []
+        logger = TensorBoardLogger(str(tmp_path), name="run", version=attempt)
+        seen, guard, clock = _fit(options, logger=logger, said=said)
+        first = clock.first_decision  # the light phase's decision, which the heavy phase outran
+        if first is not None and 1.3 * first.num_workers * HEAVY_CEILING < 0.7 / STEP_S:
+            break
     assert seen == untuned  # every epoch's samples and order, re-tune included
     decision = guard.decision
     assert decision is not None
     assert decision.retunes >= 1, decision.table()
+    # docs/tuning.md: "The console says why once", per re-tune: one warning each, none repeated (one more where a
+    # re-tune was still probing when the fit ended).
+    assert guard._tuner is not None
+    under_way = guard._tuner._session._previous is not None
+    why = [message for message in said if "auto-tuning probes again:" in message]
+    assert len(why) == decision.retunes + under_way, (why, decision.table())
     assert "could win back grew" in decision.retuned, decision.retuned
     # Said where the user looks: the dashboard's re-tune line steps up, the table says why.
-    run = read_runs(tmp_path)[-1]
+    run = next(r for r in read_runs(tmp_path) if Path(r.path).name == f"version_{attempt}")
     retunes = run.scalars["loadguard/retunes"].values
     assert retunes[0] == 0 and retunes[-1] == decision.retunes
     _, table = run.texts["loadguard/auto_tune/text_summary"]
     assert "probed again (re-tune" in table
     assert decision.original.num_workers == 1  # the user's settings, which a resume checks the loader against
-    first = clock.first_decision  # the light phase's decision, which the heavy phase outran
     assert first is not None and first.retunes == 0
     assert decision.num_workers > first.num_workers, (first.table(), decision.table())
     # README: it probes again "from the running setting": the last re-tune's first row is the setting decided before
@@ -151,11 +169,10 @@ def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_fast
         decision.table(),
     )
     # The test's own clock: the fit's last steps against the most the first decision's workers sustain in the
-    # heavy phase, by the costs (a sleep overruns, never underruns). Where they could nearly keep up with the step
-    # already (a busy host's first probing chose many), only the worker count above says it moved.
+    # heavy phase, by the costs (a sleep overruns, never underruns).
     ceiling = first.num_workers * HEAVY_CEILING
-    if 1.3 * ceiling < 0.7 / STEP_S:
-        assert clock.rate_of_last(30) > 1.3 * ceiling, (clock.rate_of_last(30), first.table(), decision.table())
+    assert 1.3 * ceiling < 0.7 / STEP_S, ("every run's first decision had many workers", first.table())
+    assert clock.rate_of_last(30) > 1.3 * ceiling, (clock.rate_of_last(30), first.table(), decision.table())
 
 
 def test_retune_false_decides_once() -> None:

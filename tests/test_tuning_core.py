@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import statistics
+import operator
 from dataclasses import replace
 
 import pytest
@@ -481,6 +481,90 @@ def test_a_window_faster_beyond_the_noise_sets_aside_the_settling_ones_before_it
         assert ("set aside" in planner.results[-1].note) == (second > 47.0)
 
 
+def test_the_settling_rule_holds_for_your_settings_too() -> None:
+    # docs/tuning.md: one settling rule "for every arm, the user's included". Your settings hardly waited in their
+    # first window (96 steps/s against a 100 steps/s step), so they are measured again as they run (no restart);
+    # the second window reads 100, beyond the noise of two steady windows: the first is set aside, and your arm
+    # reads 100, not the two windows joined (97.96). A second window slower by as much is joined to the first.
+    for second, judged in ((100.0, 100.0), (92.0, 2 / (1 / 96 + 1 / 92))):
+        planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+        again = planner.record(window(96.0, 0.010, 0.015))
+        assert again == planner.original and planner.continuing  # measured again without a restart
+        planner.record(window(second, 0.010, 0.015))
+        assert planner.measurements[planner.original].sustained_rate == pytest.approx(judged)
+        assert ("set aside" in planner.results[-1].note) == (second > 96.0), planner.results[-1].note
+
+
+def test_pinned_memory_is_probed_once_the_count_and_depth_have_nothing_new_to_measure() -> None:
+    # docs/tuning.md: pinned memory is probed last; where it pays, the search goes on from the pinned setting.
+    # Counts up to 10 pay (then flat); pinning pays ``pinned`` times. Scripted by the test, per setting.
+    rates = {0: 20.0, 5: 82.0, 7: 84.0, 8: 85.0}
+
+    def rate_of(setting: LoaderSettings, pinned: float) -> float:
+        return rates.get(setting.num_workers, 85.0) * (pinned if setting.pin_memory else 1.0)
+
+    for pinned in (1.0, 1.1):
+        planner = Planner(LoaderSettings(0), HostBudget(16, "cores"), FAST, epoch_steps=4000, pinning_helps=True)
+        proposals: list[tuple[LoaderSettings, str]] = []
+        proposal = planner.record(window(20.0, 0.010, 0.040))
+        while proposal is not None:
+            assert len(proposals) < 50
+            proposals.append((proposal, planner.current_note))
+            proposal = planner.record(window(rate_of(proposal, pinned), 0.010, 0.040))
+        first_pinned = next(k for k, (s, _) in enumerate(proposals) if s.pin_memory)
+        assert first_pinned >= 3, proposals  # the counts were searched first
+        after = proposals[first_pinned + 1 :]
+        assert after, proposals
+        if pinned == 1.0:
+            # Pinning did not pay: nothing new follows it, only the contest's windows of settings measured before.
+            assert all("measured again" in note for _, note in after), proposals
+            assert not planner.decide().pin_memory
+        else:
+            # Pinning paid: the counts the search measures next are pinned ones, never an unpinned count again.
+            new = [s for s, note in after if "measured again" not in note]
+            assert new and all(s.pin_memory for s in new), proposals
+            assert planner.decide().pin_memory
+
+
+def test_max_prefetch_is_the_deepest_prefetch_factor_tried() -> None:
+    # The buffer replay asks for prefetch 4 at 2 workers (bursts); max_prefetch=3 caps the depth probed at 3.
+    burst = (0.002,) * 7 + (0.07,)
+    advice = recommend_prefetch(burst, (0.01,), num_workers=2, deep_prefetch=8)
+    assert advice is not None and advice.prefetch_factor > 3
+    capped = TuneOptions(warmup_steps=2, window_steps=6, max_prefetch=3)
+    planner = Planner(LoaderSettings(2, 2), HostBudget(2, "max_workers"), capped, epoch_steps=400)
+    bursty = snapshot(6, 0.01, mean_wait_s=0.004, production_s=burst, made=6)
+    proposal = planner.record(bursty)
+    assert proposal == LoaderSettings(2, 3) and planner.current_note == "deeper buffer for bursts (replay)"
+    # A search over counts from your own deeper buffer (prefetch 6): every setting probed is capped at 3.
+    planner = Planner(LoaderSettings(1, 6), HostBudget(16, "cores"), capped, epoch_steps=2000)
+    probed: list[LoaderSettings] = []
+    proposal = planner.record(snapshot(6, 0.01, mean_wait_s=0.03, production_s=(0.01,) * 7 + (0.3,), made=6))
+    while proposal is not None:
+        assert len(probed) < 50
+        probed.append(proposal)
+        proposal = planner.record(snapshot(6, 0.01, mean_wait_s=0.03, production_s=(0.01,) * 7 + (0.3,), made=6))
+    others = [s for s in probed if s != planner.original and s.num_workers > 0]
+    assert others and all(s.prefetch <= 3 for s in others), probed
+    assert planner.decide().setting == planner.original or planner.decide().prefetch_factor <= 3
+
+
+def test_a_candidates_warm_up_is_its_first_fill_up_to_half_a_window_more() -> None:
+    # docs/tuning.md: warmup_steps, or a candidate's first fill where longer (its batches in flight: workers x
+    # prefetch), at most half a window more; warmup_steps alone where it is measured again as it runs.
+    options = TuneOptions(warmup_steps=4, window_steps=12)
+    planner = Planner(LoaderSettings(0), HostBudget(16, "cores"), options, epoch_steps=4000)
+    assert planner.warmup_for(LoaderSettings(1, 2)) == 4  # 2 batches in flight: the warm-up is longer
+    assert planner.warmup_for(LoaderSettings(3, 2)) == 6  # 6 batches in flight
+    assert planner.warmup_for(LoaderSettings(8, 4)) == 4 + 12 // 2  # 32 in flight: capped at half a window more
+    assert planner.warmup_for(LoaderSettings(8, 4), continuing=True) == 4
+    # The steps a probe of 8 x 4 costs: its capped warm-up and its window, counted against the budget.
+    planner.record(window(20.0, 0.010, 0.040))
+    planner.current, planner.continuing = LoaderSettings(8, 4), False
+    planner.record(window(60.0, 0.010, 0.040))
+    assert planner.results[-1].steps == 10 + 12 and planner.probe_steps == 22
+
+
 def test_a_setting_replaces_yours_only_after_both_are_measured_again() -> None:
     # 5 workers read 70 % faster in one window: before they replace the user's settings, the user's are measured
     # again (free) and the 5 workers once more; the decision is made on both windows of each.
@@ -538,39 +622,68 @@ def test_the_probe_budget_is_a_share_of_the_epoch() -> None:
     assert not Planner(LoaderSettings(0), HostBudget(4, "cores"), FAST, epoch_steps=30).can_start()
 
 
+def _never_worse(
+    rates: list[float], spread: float, max_workers: int, max_in_flight: int, start: int
+) -> tuple[LoaderSettings, LoaderSettings, dict[LoaderSettings, float]]:
+    """Drive a planner over settings whose rates the test scripts (``rates``, picked by the setting: every window
+    of a setting runs alike, its 4-step blocks ``spread`` apart), checking each proposal against the walls and the
+    probe steps against the budget; the user's settings, the decision's and each setting's scripted rate."""
+    options = NOISY
+    epoch_steps = 2000
+    budget = HostBudget(max_workers, "cores", max_in_flight=max_in_flight, memory_bound="host_memory")
+    original = LoaderSettings(start, 1 if start else None)
+    planner = Planner(original, budget, options, epoch_steps=epoch_steps)
+    step_s, production_s = 0.001, 0.05
+
+    def rate_of(setting: LoaderSettings) -> float:
+        return rates[(7 * setting.num_workers + setting.prefetch) % len(rates)]
+
+    truth: dict[LoaderSettings, float] = {}
+    probe_windows = 0
+    proposal: LoaderSettings | None = original
+    while proposal is not None:
+        # Memory is a wall: never probed past (the user's own settings, which the run would run anyway, aside).
+        assert proposal == original or budget.breaks_wall(proposal) is None, proposal
+        assert len(planner.results) < 100
+        fed = _blocky(rate_of(proposal), spread, step_s, production_s)
+        # The test's own reading of the window it made: steps over the loop's time.
+        truth[proposal] = len(fed.step_s) / math.fsum(map(operator.add, fed.wait_s, fed.step_s))
+        probe_windows += proposal != original
+        proposal = planner.record(fed)
+    # Each probe window costs at least the warm-up and the window: within probe_share of the epoch's steps.
+    assert probe_windows * (options.warmup_steps + NOISY.window_steps) <= math.floor(0.2 * epoch_steps)
+    return original, planner.decide().setting, truth
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rates=st.lists(st.floats(1.0, 500.0), min_size=1, max_size=10),
-    production=st.floats(0.001, 0.5),
-    step=st.floats(0.001, 0.1),
+    spread=st.sampled_from([0.0, 0.1, 0.3]),
     max_workers=st.integers(0, 12),
     max_in_flight=st.integers(1, 64),
     start=st.integers(0, 4),
 )
 def test_never_breaks_a_wall_nor_the_budget_and_never_keeps_a_slower_setting(
-    rates: list[float], production: float, step: float, max_workers: int, max_in_flight: int, start: int
+    rates: list[float], spread: float, max_workers: int, max_in_flight: int, start: int
 ) -> None:
-    budget = HostBudget(max_workers, "cores", max_in_flight=max_in_flight, memory_bound="host_memory")
-    original = LoaderSettings(start, 1 if start else None)
-    planner = Planner(original, budget, FAST, epoch_steps=1000)
-    proposal = planner.record(window(rates[0], step, production))
-    # The truth each window was made from (a window's loop cannot outrun its step), apart from the planner's view.
-    fed: dict[LoaderSettings, list[float]] = {original: [min(rates[0], 1 / step)]}
-    for rate in rates[1:]:
-        if proposal is None:
-            break
-        # Memory is a wall: never probed past (the user's own settings, which the run would run anyway, aside).
-        assert proposal == original or budget.breaks_wall(proposal) is None
-        fed.setdefault(proposal, []).append(min(rate, 1 / step))
-        proposal = planner.record(window(rate, step, production * max(1, proposal.num_workers)))
-    decision = planner.decide()
-    assert decision.probe_steps <= decision.probe_budget_steps
-    # Never worse, judged on the rates the windows were made from: a setting kept was fed, in a window it kept,
-    # faster than the original over all of its windows (steps over time), by at least min_gain.
-    if not decision.setting.same_loader(original):
-        yours = statistics.harmonic_mean(fed[original])
-        chosen = next(s for s in fed if s.same_loader(decision.setting))
-        assert max(fed[chosen]) >= yours * (1 + FAST.min_gain), (fed, decision.table())
+    original, chosen, truth = _never_worse(rates, spread, max_workers, max_in_flight, start)
+    # Never worse, judged on the rates the test made each setting's windows at: a setting that replaces yours
+    # runs at least min_gain faster (every window of it, so its arm too, whatever the settling rule set aside).
+    if not chosen.same_loader(original):
+        kept = next(s for s in truth if s.same_loader(chosen))
+        assert truth[kept] >= truth[original] * (1 + NOISY.min_gain), (truth, chosen)
+
+
+def test_a_setting_that_replaces_yours_is_the_fastest_measured_beyond_the_noise() -> None:
+    # The never-worse check above, on an example that switches: every count from 1 up reads 2 to 5 times your 40
+    # steps/s, in blocks 10 % apart; the decision is the fastest measured (truth: the test's own windows).
+    original, chosen, truth = _never_worse([40.0, 80.0, 120.0, 160.0, 200.0], 0.1, 12, 64, 0)
+    assert not chosen.same_loader(original), truth  # the branch the property guards ran
+    assert truth[chosen] >= truth[original] * (1 + NOISY.min_gain)
+    assert truth[chosen] == pytest.approx(max(truth.values())), (truth, chosen)
+    # Within the noise (blocks 30 % apart, one window each at 6 % faster), the same scripted counts keep yours.
+    original, chosen, truth = _never_worse([40.0, 42.4], 0.3, 12, 64, 0)
+    assert max(truth.values()) > truth[original] * (1 + NOISY.min_gain) and chosen == original, truth
 
 
 def test_two_windows_joined_are_one_window_of_both() -> None:

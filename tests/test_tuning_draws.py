@@ -23,7 +23,7 @@ from pipelines import quiet_trainer
 from scripted_tuning import moved_to_workers, order_notes
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lightning_loadguard import ResumableLoaderMixin
+from lightning_loadguard import LoadGuardWarning, ResumableLoaderMixin
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.position.switch import RandomDrawWatch, order_streams
@@ -74,14 +74,19 @@ def run(
     epochs: int = 3,
     seed: int = 5,
     workers_seeded: bool = False,
+    said: list[str] | None = None,
 ) -> tuple[Records, LoadGuard | None, Any]:
+    """A fit of ``make()``'s loader; ``said`` collects every LoadGuard warning it emitted, repeats included."""
     pl.seed_everything(seed, workers=workers_seeded, verbose=False)
     guard = LoadGuard(print_summary=False, auto_tune=tune) if tune is not None else None
     module = Records()
     trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard] if guard else [])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore")
+        warnings.simplefilter("always", LoadGuardWarning)
         trainer.fit(module, make())
+    if said is not None:
+        said.extend(str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning))
     return module, guard, trainer
 
 
@@ -215,10 +220,36 @@ def test_worker_draws_are_seeded_as_torch_seeds_them_so_seeded_runs_repeat() -> 
 
 
 @pytest.mark.usefixtures("scripted")
+def test_after_tuning_worker_draws_are_torchs_own_at_the_chosen_num_workers() -> None:
+    # docs/tuning.md: draws made in workers "are seeded as torch seeds them". Truth: torch's own seeding, in untuned
+    # runs. Your loader has a worker, so every draw is made in workers (torch and Python random, reseeded by torch
+    # from the iterator's base seed plus the worker's id). Epoch 0 runs your 1 worker up to the first probe, as the
+    # untuned run at 1 does; epoch 1, at the chosen count, holds what an untuned run at that count gets, draws
+    # included.
+    tuned, guard, trainer = run(shuffled(num_workers=1), OPTIONS, epochs=2)
+    assert guard is not None and guard.decision is not None
+    chosen = guard.decision.num_workers
+    assert chosen > 1 and trainer.train_dataloader.num_workers == chosen, guard.decision.table()
+    at_chosen, _, _ = run(shuffled(num_workers=chosen), None, epochs=2)
+    at_yours, _, _ = run(shuffled(num_workers=1), None, epochs=2)
+    first_window = OPTIONS.warmup_steps * BATCH  # the steps before any probe could switch, at your 1 worker
+    assert tuned.drawn[:first_window] == at_yours.drawn[:first_window]
+    assert tuned.seen[:LENGTH] == at_yours.seen[:LENGTH]
+    assert tuned.seen[LENGTH:] == at_chosen.seen[LENGTH:]
+    assert tuned.drawn[LENGTH:] == at_chosen.drawn[LENGTH:]
+    # Not vacuous: the draws depend on the worker count (which worker, seeded how, made each sample).
+    assert at_chosen.drawn[LENGTH:] != at_yours.drawn[LENGTH:]
+
+
+@pytest.mark.usefixtures("scripted")
 def test_keep_random_draws_keeps_loading_in_the_main_process_and_every_draw() -> None:
     untuned, _, _ = run(shuffled(), None)
-    tuned, guard, trainer = run(shuffled(), TuneOptions(warmup_steps=2, window_steps=6, keep_random_draws=True))
+    said: list[str] = []
+    options = TuneOptions(warmup_steps=2, window_steps=6, keep_random_draws=True)
+    tuned, guard, trainer = run(shuffled(), options, said=said)
     assert guard is not None and guard.decision is not None and not moved_to_workers(guard)
+    assert guard.decision.verdict == "model_only", guard.decision.table()
     assert trainer.train_dataloader.num_workers == 0
     assert tuned.seen == untuned.seen and tuned.drawn == untuned.drawn
-    assert any("keep_random_draws=True" in note for note in guard._said)
+    # docs/tuning.md: "said once", over the fit's three epochs (every warning counted, repeats included).
+    assert sum("keep_random_draws=True" in message for message in said) == 1, said

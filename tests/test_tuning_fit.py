@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import time
@@ -169,22 +170,35 @@ def test_compute_bound_keeps_the_settings_and_says_so() -> None:
     assert trainer.train_dataloader.num_workers == 0
 
 
-def test_a_small_memory_budget_is_never_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("share", "in_flight", "wall"),
+    [
+        ({}, 6, "host_memory"),  # memory_share=0.5 of twelve batches' RAM
+        ({"memory_share": 0.25}, 3, "host_memory"),
+        ({"shm_share": 0.5}, 6, "shm"),  # RAM to spare, twelve batches' /dev/shm free
+    ],
+    ids=["memory_share-default", "memory_share-0.25", "shm_share-0.5"],
+)
+def test_a_small_memory_budget_is_never_broken(
+    monkeypatch: pytest.MonkeyPatch, share: dict[str, float], in_flight: int, wall: str
+) -> None:
     batch_bytes = 4 * (8 + 16 * 4)  # index (int64) and 16 float32 features per sample
-    small = 2 * 6 * batch_bytes  # with memory_share=0.5: six batches in flight
+    small = 2 * 6 * batch_bytes  # twelve batches: the share of it is the wall, in batches in flight
 
     def tiny_host(processes: int = 1, max_age_s: float = 0.0) -> HostFacts:
         real = host_facts(processes, max_age_s)
+        if wall == "shm":
+            return HostFacts(real.cpu_count, processes, available_ram_bytes=10**12, shm_free_bytes=small)
         return HostFacts(real.cpu_count, processes, available_ram_bytes=small, shm_free_bytes=None)
 
     monkeypatch.setattr(monitor_module, "host_facts", tiny_host)
     loader = timed_loader(TimedDataset(480, sample_s=0.01), batch_size=4, num_workers=1, shuffle=True)
-    _, guard, _ = fit(loader, FAST, step_s=0.002, epochs=1)
+    _, guard, _ = fit(loader, replace(FAST, **share), step_s=0.002, epochs=1)
     decision = guard.decision
     assert decision is not None
-    assert all(c.setting.batches_in_flight <= 6 for c in decision.candidates), decision.table()
-    assert decision.setting.batches_in_flight <= 6
-    assert decision.bounded_by == "host_memory", decision.table()
+    assert all(c.setting.batches_in_flight <= in_flight for c in decision.candidates), decision.table()
+    assert decision.setting.batches_in_flight <= in_flight
+    assert decision.bounded_by == wall, decision.table()
 
 
 def test_the_decision_is_restored_and_applied_without_probing(tmp_path: Path) -> None:
@@ -364,34 +378,60 @@ def test_validation_inside_the_epoch_does_not_count_as_loop_time() -> None:
 
 class DiesUnderOtherWorkerCounts(TimedDataset):
     """A worker process dies (as if killed) after a few samples whenever the loader runs with a worker count
-    other than one: by then the training loop is busy in a step, where torch reports dead workers from its
-    SIGCHLD handler unless told otherwise."""
+    other than one, while probing (``after_decision`` False) or once the tuner decided (True; a callback sets
+    ``decided``, in shared memory): by then the training loop is busy in a step, where torch reports dead
+    workers from its SIGCHLD handler unless told otherwise."""
 
     made = 0
 
+    def __init__(self, after_decision: bool) -> None:
+        super().__init__(480, sample_s=0.003)
+        self.after_decision = after_decision
+        self.decided = multiprocessing.get_context("fork").Value("b", 0)
+
     def __getitem__(self, index: int):
         info = get_worker_info()
-        if info is not None and info.num_workers != 1:
+        if info is not None and info.num_workers != 1 and bool(self.decided.value) == self.after_decision:
             type(self).made += 1
-            if self.made > 12:
+            if self.made > 2:
                 os._exit(1)
         return super().__getitem__(index)
 
 
-@pytest.mark.slow
-def test_a_killed_worker_during_a_probe_reverts_and_no_sample_is_lost() -> None:
-    def loader() -> DataLoader:
-        pl.seed_everything(11, verbose=False)
-        return DataLoader(DiesUnderOtherWorkerCounts(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True)
+class _Decided(pl.Callback):
+    def __init__(self, dataset: DiesUnderOtherWorkerCounts) -> None:
+        self.dataset = dataset
 
-    untuned, _, _ = fit(loader(), False)
-    tuned, guard, _ = fit(loader(), FAST)
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        guard = next(c for c in trainer.callbacks if isinstance(c, LoadGuard))
+        if guard.decision is not None:
+            self.dataset.decided.value = 1
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("scripted")
+@pytest.mark.parametrize("after_decision", [False, True], ids=["during-a-probe", "after-the-decision"])
+def test_a_killed_worker_during_a_probe_reverts_and_no_sample_is_lost(after_decision: bool) -> None:
+    # Scripted windows choose 4 workers (8 probed too). The workers of other counts than your 1 die while probing
+    # (each such candidate is marked failed), or once the decision is made (it is undone). torch reports the death
+    # as the worker having exited, or as the connection to it reset, by timing.
+    def loader(dataset: DiesUnderOtherWorkerCounts) -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return DataLoader(dataset, batch_size=4, num_workers=1, shuffle=True)
+
+    untuned, _, _ = fit(loader(DiesUnderOtherWorkerCounts(after_decision)), False, epochs=1)
+    dataset = DiesUnderOtherWorkerCounts(after_decision)
+    tuned, guard, trainer = fit(loader(dataset), FAST, epochs=1, callbacks=[_Decided(dataset)])
     decision = guard.decision
-    assert decision is not None and decision.num_workers == 1
-    # The workers die after a few batches: during a probe window, or after the decision (then it is undone).
-    # torch reports the death as the worker having exited, or as the connection to it reset, by timing.
-    failures = [c.failed for c in decision.candidates if c.failed] + [decision.reason]
-    assert any(re.search("exited unexpectedly|Connection reset", text) for text in failures), decision.table()
+    assert decision is not None and decision.num_workers == 1 and trainer.train_dataloader.num_workers == 1
+    died = re.compile("exited unexpectedly|Connection reset")
+    failed = [c for c in decision.candidates if c.failed]
+    if after_decision:
+        assert not failed and dataset.decided.value == 1, decision.table()
+        assert "the chosen setting failed after probing" in decision.reason and died.search(decision.reason)
+    else:
+        assert failed and all(c.setting.num_workers != 1 and died.search(c.failed) for c in failed), decision.table()
+        assert decision.verdict == "no_gain", decision.table()
     assert tuned == untuned
 
 
@@ -606,3 +646,158 @@ def test_workers_that_take_long_to_start_are_kept_across_epochs() -> None:
     assert guard._tuner is not None
     assert guard._tuner._session._startup_cost_s() >= 0.5
     assert decision.persistent_workers and trainer.train_dataloader.persistent_workers
+
+
+class _FailsUnder(TimedDataset):
+    """Each sample carries the ``num_workers`` that made it; raises in a worker under ``fail_under`` workers, or,
+    once ``failing`` (shared memory, seen by live workers) is set, under any count but ``kept``."""
+
+    def __init__(self, fail_under: int = -1, kept: int = 1) -> None:
+        super().__init__(480, sample_s=0.0005)  # scripted windows: the timing is not what is tested
+        self.fail_under, self.kept = fail_under, kept
+        self.failing = multiprocessing.get_context("fork").Value("b", 0)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        info = get_worker_info()
+        workers = info.num_workers if info is not None else 0
+        if workers == self.fail_under or (self.failing.value and workers != self.kept):
+            raise RuntimeError(f"simulated: a worker failed under num_workers={workers}")
+        i, x = super().__getitem__(index)
+        x = x.clone()
+        x[0] = float(workers)
+        return i, x
+
+
+class _MadeByPerStep(pl.Callback):
+    """The ``num_workers`` that made each batch trained, in order (the batches' own record); with ``fail_after``
+    set, makes the dataset fail from the first step after the tuner's decision."""
+
+    def __init__(self, guard: LoadGuard | None = None, fail_after: _FailsUnder | None = None) -> None:
+        self.guard, self.fail_after = guard, fail_after
+        self.made: list[int] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        workers = set(batch[1][:, 0].tolist())
+        assert len(workers) == 1
+        self.made.append(int(workers.pop()))
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if self.fail_after is not None and self.guard is not None and self.guard.decision is not None:
+            self.fail_after.failing.value = 1
+
+
+def _failing_loader(dataset: _FailsUnder) -> DataLoader:
+    pl.seed_everything(11, verbose=False)
+    return DataLoader(dataset, batch_size=4, num_workers=1, shuffle=True)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_failing_probe_restarts_at_the_fastest_setting_measured_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scripted windows: your 1 worker, then 4 (three times as fast), then 8, whose workers raise. The loader goes
+    # on at 4 workers, the fastest measured so far, not at yours: the batch the loop trains right after the switch
+    # to 8 was made by 4 workers (the batches' own record).
+    untuned, _, _ = fit(_failing_loader(_FailsUnder(fail_under=8)), False, epochs=1)
+    made = _MadeByPerStep()
+    restarts: list[tuple[int | None, int]] = []
+    restart = session_module.restart_iterator
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        restarts.append((kwargs.get("num_workers"), len(made.made)))
+        return restart(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "restart_iterator", recorded)
+    tuned, guard, _ = fit(_failing_loader(_FailsUnder(fail_under=8)), FAST, epochs=1, callbacks=[made])
+    decision = guard.decision
+    assert decision is not None
+    failed = [c for c in decision.candidates if c.failed]
+    assert [c.setting.num_workers for c in failed] == [8], decision.table()
+    at = next(steps for workers, steps in restarts if workers == 8)
+    assert made.made[at - 1] == 4 and made.made[at] == 4, (made.made, restarts)
+    assert tuned == untuned
+
+
+@pytest.mark.usefixtures("scripted")
+def test_the_chosen_setting_failing_later_in_its_epoch_goes_back_to_yours() -> None:
+    # Scripted windows choose 4 workers; from the step after the decision, every count but your 1 raises. The loader
+    # goes back to your settings from the same batch, the decision says so, and no sample is lost or repeated.
+    untuned, _, _ = fit(_failing_loader(_FailsUnder()), False, epochs=1)
+    dataset = _FailsUnder()
+    guard_box: list[LoadGuard] = []
+
+    class FindsTheGuard(pl.Callback):  # the guard is made inside fit(): found on the trainer
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            guard_box.append(next(c for c in trainer.callbacks if isinstance(c, LoadGuard)))
+            made.guard = guard_box[0]
+
+    made = _MadeByPerStep(fail_after=dataset)
+    tuned, guard, trainer = fit(_failing_loader(dataset), FAST, epochs=1, callbacks=[FindsTheGuard(), made])
+    decision = guard.decision
+    assert decision is not None and dataset.failing.value == 1
+    assert any(c.setting.num_workers == 4 for c in decision.candidates), decision.table()
+    assert decision.verdict == "no_gain" and "the chosen setting failed after probing" in decision.reason
+    assert "your settings are back" in decision.reason, decision.reason
+    assert 4 in made.made and made.made[-1] == 1 and trainer.train_dataloader.num_workers == 1
+    assert tuned == untuned
+
+
+class _WorkersAtStart(pl.Callback):
+    def __init__(self) -> None:
+        self.workers: int | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.workers = trainer.train_dataloader.num_workers
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_resumed_loader_whose_settings_changed_keeps_them_and_says_why(tmp_path: Path) -> None:
+    _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
+    decision = first.decision
+    assert decision is not None and decision.original.num_workers == 1 and decision.num_workers not in (1, 2)
+    path = str(tmp_path / "tuned.ckpt")
+    trainer.save_checkpoint(path)
+    at_start = _WorkersAtStart()
+    _, resumed, _ = fit(io_bound(workers=2), FAST, callbacks=[at_start], ckpt_path=path, root=tmp_path)
+    assert at_start.workers == 2  # the loader's own settings, not the decision's
+    said = [n for n in resumed._said if "was made for workers=1 prefetch=2" in n]
+    assert len(said) == 1 and "your settings are kept" in said[0], sorted(resumed._said)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_0_1_0_checkpoint_applies_its_decision_and_does_not_watch_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint from 0.1.0 stores the decision without what it measured (no "watch"): the resumed fit applies
+    # it before the first iterator and never reads a window against it. The same checkpoint with its watch kept
+    # is watched (the control: the watch does run in such a resume).
+    from lightning_loadguard.tuning.watch import DecisionWatch
+
+    reads: list[int] = []
+    record = DecisionWatch.record
+
+    def counted(self: Any, window: Any) -> Any:
+        reads.append(1)
+        return record(self, window)
+
+    monkeypatch.setattr(DecisionWatch, "record", counted)
+    _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
+    assert first.decision is not None
+    watched = str(tmp_path / "watched.ckpt")
+    trainer.save_checkpoint(watched)
+    checkpoint = torch.load(watched, weights_only=False)
+    key = next(k for k in checkpoint["callbacks"] if k.startswith("LoadGuard"))
+    state = checkpoint["callbacks"][key]["tuner"]
+    assert "watch" in state
+    old = {"version": state["version"], "decision": dict(state["decision"], num_workers=3, prefetch_factor=2)}
+    checkpoint["callbacks"][key]["tuner"] = old
+    from_0_1_0 = str(tmp_path / "from_0_1_0.ckpt")
+    torch.save(checkpoint, from_0_1_0)
+    reads.clear()
+    at_start = _WorkersAtStart()
+    # The watch reads a window at each logging step: the trainer logs often enough for it in either resume.
+    often = {"epochs": 2, "root": tmp_path, "log_every_n_steps": 5}
+    _, resumed, _ = fit(io_bound(), FAST, callbacks=[at_start], ckpt_path=from_0_1_0, **often)
+    assert at_start.workers == 3 and resumed.decision is not None and resumed.decision.num_workers == 3
+    assert reads == [] and resumed.decision.retunes == 0
+    assert not any("probes again" in n for n in resumed._said)
+    fit(io_bound(), FAST, ckpt_path=watched, **often)
+    assert reads, "the watched checkpoint's resume read no window: the control did not run"

@@ -668,9 +668,10 @@ class TuningSession:
         """Measure ``setting`` next: switch the loader to it, or go on where it is measured again as it runs."""
         planner = self._planner
         assert planner is not None
+        spends = planner.steps_for(setting) if setting != planner.original else 0  # your settings' windows are free
         self._progress(
             f"probing {setting.label} ({planner.current_note}); probe steps "
-            f"{planner.probe_steps + planner.steps_for(setting)}/{planner.budget_steps} of "
+            f"{planner.probe_steps + spends}/{planner.budget_steps} of "
             + (f"the first {planner.span_epochs} epochs" if planner.span_epochs > 1 else f"epoch {self._first_epoch}")
         )
         if planner.continuing:
