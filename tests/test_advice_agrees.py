@@ -244,3 +244,49 @@ def test_the_summary_and_the_diagnosis_print_one_figure_for_the_steps_own_rate()
     assert len(figures) >= 2, text
     assert len(set(figures)) == 1, text
     assert "consumer rate" not in text
+    # docs/verdicts.md: the summary prints the same figures as the diagnosis under the same names: the step's own
+    # rate, the loader's rate and the wait, each in the summary's "(as diagnosed)" row and in the finding's text.
+    assert guard.diagnosis is not None
+    said = guard.diagnosis.to_text()
+    for name, unit in [("the step alone", "steps/s"), ("the loader can make", "batches/s")]:
+        row = re.search(rf"{name}[^\n]*?\(as diagnosed\)\W*([0-9.]+) {unit}", text)
+        assert row is not None, text
+        assert re.search(rf"{name}[a-z ]* {re.escape(row.group(1))} {unit}", said, flags=re.I), (row.group(1), said)
+    wait = re.search(r"the loop waits for data \(as diagnosed\)\W*([0-9.]+%)", text)
+    assert wait is not None, text
+    assert f"the loop waits for data {wait.group(1)} of its time" in said, said
+
+
+# -- certain asks the gain the tuner asks ------------------------------------------------------------------------
+
+
+def test_the_least_gain_a_certain_fix_needs_is_the_tuners_default_min_gain_of_five_percent() -> None:
+    from lightning_loadguard.model.diagnosis import CERTAIN_GAIN
+
+    # docs/verdicts.md: CERTAIN_GAIN is the tuner's default min_gain, 5 %.
+    assert CERTAIN_GAIN == TuneOptions().min_gain == 0.05
+
+
+@pytest.mark.parametrize(("capacity", "certain"), [(9.7, False), (9.4, True)])
+def test_a_worker_fix_aiming_for_less_than_five_percent_is_a_hypothesis_even_on_a_quiet_host(
+    capacity: float, certain: bool
+) -> None:
+    # Two workers make `capacity` batches/s in steady state for a 0.1 s step: each step waits 1/capacity - 0.1 s.
+    # More workers aim for the step's own 10 steps/s: 10 / 9.7 - 1 = 3.1 %, 10 / 9.4 - 1 = 6.4 %. The windows
+    # are quiet (every step alike: no noise) and the workers wait on I/O (the cores carry them).
+    snap = WindowSnapshot(
+        wait_s=(1 / capacity - 0.1,) * 24,
+        step_s=(0.1,) * 24,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=2),
+        host=HostFacts(cpu_count=8),
+        production_s=(2 / capacity,) * 24,
+        production_cpu_s=(0.002,) * 24,
+        cpu=IO_WORKERS,
+    )
+    d = diagnose(snap, tuner=TunerReach(True))
+    assert d.verdict == "producer_deficit" and d.recommended == {"num_workers": 3}, d.to_text()
+    assert d.certain is certain, d.to_text()
+    fix = d.findings[0].fix
+    # A hypothesis says why, and offers the measurement that verifies it; a certain fix needs neither.
+    assert ("aims to gain 3%, less than the 5% a measurement is asked to show" in fix) is not certain, fix
+    assert (OFFER in fix) is not certain, fix

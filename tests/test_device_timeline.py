@@ -228,6 +228,33 @@ def test_reading_the_timeline_never_synchronises_the_device() -> None:
     assert device.queries <= 4 * run.steps  # about one query per step, plus the reads
 
 
+def test_loadguards_timeline_leaves_a_step_unmeasured_once_the_host_is_16_steps_ahead() -> None:
+    # docs/concepts.md: a step is left unmeasured when the host is more than 16 steps ahead of the device, never
+    # waited for. The timeline LoadGuard attaches, driven by hand: each step queues 10 s of (simulated) work, so
+    # the device passes none of them while the test runs.
+    device = SimDevice()
+    guard = LoadGuard()
+    guard._monitor.attach_device(device.event)
+    timeline = guard._monitor._timeline
+    assert timeline is not None
+
+    def step() -> None:
+        timeline.fetch_started()
+        timeline.fetch_finished()
+        timeline.batch_on_device()
+        device.launch(10.0)
+        timeline.step_ended()
+
+    for _ in range(16):
+        step()
+    assert (timeline.lag_steps, timeline.skipped_steps) == (16, 0)
+    step()  # the 17th: 16 steps ahead already
+    assert timeline.lag_steps == 16 and timeline.skipped_steps == 1
+    step()  # and the 18th: each unmeasured step counts once (it begins at its fetch's start and again at its end)
+    assert timeline.lag_steps == 16 and timeline.skipped_steps == 2
+    assert device.total_syncs == 0
+
+
 def test_the_meter_steady_state_reads_each_step_once_with_few_events() -> None:
     device = SimDevice()
     run = run_loop(device, 40, fetch_s=lambda n: 0.002, kernel_s=0.001)
@@ -322,16 +349,19 @@ def _fit(
     *extra: pl.Callback,
     data: type[_SleepyData] = _SleepyData,
     steps: int = 26,
+    before: tuple[pl.Callback, ...] = (),
     **guard_kwargs: Any,
 ) -> tuple[LoadGuard, float]:
-    """Fit ``steps`` steps; returns the callback and the device's true idle share over its last window."""
+    """Fit ``steps`` steps; returns the callback and the device's true idle share over its last window.
+
+    ``extra`` callbacks are listed after LoadGuard, ``before`` ones before it."""
     guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False, **guard_kwargs)
     if device is not None:
         guard._device_events = device.event
     module = _DeviceModule(device or SimDevice(), kernel_s)
     loader = torch.utils.data.DataLoader(data(steps, fetch_s), batch_size=1)
     clock = LoopClock()
-    quiet_trainer(max_epochs=1, callbacks=[guard, *extra, clock]).fit(module, loader)
+    quiet_trainer(max_epochs=1, callbacks=[*before, guard, *extra, clock]).fit(module, loader)
     return guard, 1.0 - kernel_s / clock.period(12)
 
 
@@ -350,6 +380,9 @@ def test_trainer_with_a_simulated_device_measures_the_loaders_idle_on_the_device
     assert 15.0 - 1e-6 <= m["loadguard/device_step_ms"] < 20.0
     assert m["loadguard/device_transfer_ms"] == pytest.approx(0.0, abs=1.0)
     assert m["loadguard/consumer_rate"] < 1 / 0.015  # from the device's step, not the host's launches
+    # docs/concepts.md: throughput = steps / the device's period, here the 40 ms fetch's pace on the test's clock
+    # (the true idle share is 1 - 15 ms / period).
+    assert m["loadguard/throughput"] == pytest.approx((1.0 - truth) / 0.015, rel=0.15)
     assert guard.diagnosis is not None and guard.diagnosis.verdict == "producer_deficit"
     assert device.total_syncs == 0  # measuring added no synchronisation to any step
 
@@ -366,6 +399,85 @@ def test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhe
     overhead = guard.diagnosis.findings[0]
     assert overhead.recommended == {} and ".item()" in overhead.fix and "log_every_n_steps" in overhead.fix
     assert device.syncs["item"] == 26  # the callback's own, one per step; LoadGuard added none
+    # docs/concepts.md: consumer_rate = 1 / (device step + loop idle). No data idle here, so that is the loop's
+    # own pace on the test's clock (1 - truth of each period is the 20 ms step).
+    assert m["loadguard/consumer_rate"] == pytest.approx((1.0 - truth) / 0.02, rel=0.15)
+
+
+def test_a_syncing_callback_listed_before_loadguard_counts_as_the_devices_step_time() -> None:
+    # docs/concepts.md: callbacks listed before LoadGuard run before its step end, so their sync and the host work
+    # after it (20 ms, the device drained and idle) are in the device step, not in the loop's idle.
+    device = SimDevice()
+    guard, _ = _fit(device, 0.0, 0.02, before=(_SyncingLogger(device, 0.02),))
+    m = guard.metrics
+    assert device.syncs["item"] == 26
+    assert m["loadguard/device_step_ms"] >= 20 + 20 - 1e-6, m
+    # Listed after it, the same callback idles the loop for more than 30 % of the device's time
+    # (test_trainer_with_a_simulated_device_names_a_syncing_callback_as_loop_overhead).
+    assert m["loadguard/device_loop_idle_fraction"] < 0.15, m
+    assert guard.diagnosis is not None and guard.diagnosis.finding("loop_overhead") is None
+
+
+class _CopyingModule(_DeviceModule):
+    """Each batch's copy to the device queues ``copy_s`` on the simulated device (pinned, non-blocking)."""
+
+    copy_s = 0.01
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        self.sim.copy(self.copy_s, pinned=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+
+def test_the_logged_device_transfer_is_the_mean_copy_as_the_device_ran_it() -> None:
+    # docs/concepts.md: device_transfer_ms = mean copy. A 10 ms copy, a 15 ms step, a 30 ms loader: the device has
+    # drained before each copy, so it runs each copy in exactly its 10 ms.
+    device = SimDevice()
+    guard = LoadGuard(window=12, log_every_n_steps=4, print_summary=False)
+    guard._device_events = device.event
+    loader = torch.utils.data.DataLoader(_SleepyData(26, 0.03), batch_size=1)
+    quiet_trainer(max_epochs=1, callbacks=[guard]).fit(_CopyingModule(device, 0.015), loader)
+    m = guard.metrics
+    assert 10.0 - 1e-6 <= m["loadguard/device_transfer_ms"] < 15.0, m
+    assert device.total_syncs == 0  # a pinned copy, and LoadGuard added no synchronisation
+
+
+class _EpochGap(pl.Callback):
+    """The host works ``seconds`` at each epoch's start, with nothing queued on the device."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: object) -> None:
+        time.sleep(self.seconds)
+
+
+def test_the_first_step_of_each_epoch_has_no_idle_figure() -> None:
+    # Two epochs of 13 steps; 100 ms of host work before each epoch, the device idle throughout.
+    device = SimDevice()
+    guard = LoadGuard(window=24, log_every_n_steps=4, print_summary=False)
+    guard._device_events = device.event
+    loader = torch.utils.data.DataLoader(_SleepyData(13, 0.03), batch_size=1)
+    quiet_trainer(max_epochs=2, callbacks=[guard, _EpochGap(0.1)]).fit(_DeviceModule(device, 0.015), loader)
+    timeline = guard._monitor._timeline
+    assert timeline is not None and timeline.skipped_steps == 0
+    # 26 steps, less the first of each epoch: 24 measured, read or still to be read (read once the device passed).
+    assert timeline.total_steps + timeline.lag_steps == 2 * 12
+    snapshot = guard.snapshot
+    assert snapshot is not None and len(snapshot.device_step_s) >= 12
+    # The gap before epoch 1 is in no step's idle.
+    assert max(snapshot.device_loop_idle_s) + max(snapshot.device_data_idle_s) < 0.1
+
+
+def test_on_mps_or_xla_the_device_clock_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/concepts.md: only CUDA's timing events are read; Apple's MPS and XLA/TPU report the host's figures (the
+    # callback attaches no timeline where this gives None: test_on_cpu_the_device_metrics_are_absent).
+    from lightning_loadguard.meters.device import cuda_events
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with CUDA beside them
+    assert cuda_events(torch.device("mps")) is None
+    assert cuda_events(torch.device("xla")) is None
+    assert cuda_events(torch.device("cpu")) is None
+    assert cuda_events(torch.device("cuda")) is not None  # where it does read the device's clock
 
 
 def test_the_tuner_judges_settings_by_the_devices_idle() -> None:

@@ -358,3 +358,113 @@ def test_findings_of_equal_severity_are_ordered_as_the_verdict_table(monkeypatch
         monkeypatch.setattr(rules, name, lambda facts: None)
     d = diagnose(_simulated([0.01], 0.1, workers=2))
     assert [f.verdict for f in d.findings][:2] == [second, first] and d.verdict == second
+
+
+# -- docs/verdicts.md: what a finding's severity is, checked against figures worked out by hand ------------------
+
+
+def test_a_deficits_severity_is_the_share_of_loop_time_its_steady_wait_takes() -> None:
+    # Two workers at 0.5 s a batch make 4 batches/s; the 0.1 s step would take 10. Once the buffer is empty every
+    # step waits 0.25 - 0.1 = 0.15 s of a 0.25 s loop: 60 % of loop time.
+    waiting = diagnose(_simulated([0.5], 0.1, workers=2)).finding("producer_deficit")
+    assert waiting is not None and waiting.severity == pytest.approx(0.15 / 0.25)
+    # Behind a full buffer (no wait yet) the severity is what the deficit will cost: 8 batches/s against 10 leave
+    # 0.125 - 0.1 = 0.025 s of each 0.125 s loop waiting.
+    hidden = WindowSnapshot(
+        wait_s=(0.0,) * 30,
+        step_s=(0.1,) * 30,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=4),
+        host=_BIG_HOST,
+        production_s=(0.25,) * 30,
+    )
+    finding = diagnose(hidden).finding("producer_deficit")
+    assert hidden.wait_fraction == 0.0 and finding is not None
+    assert finding.severity == pytest.approx(0.025 / 0.125)
+    # Loading in the training process: the wait measured, 20 ms of each 120 ms loop.
+    in_process = WindowSnapshot(wait_s=(0.02,) * 30, step_s=(0.1,) * 30, host=_BIG_HOST)
+    loaded = diagnose(in_process).finding("producer_deficit")
+    assert loaded is not None and loaded.severity == pytest.approx(0.02 / 0.12)
+
+
+def test_the_measured_losses_severity_is_their_share_of_loop_time() -> None:
+    # Taking a ready batch costs 20 ms of each 120 ms loop.
+    handover = diagnose(_ready_batches_taking_20_ms()).finding("transfer_bound")
+    assert handover is not None and handover.severity == pytest.approx(0.02 / 0.12)
+    # A 2.1 s start-up (mean of 2.0 and 2.2) before 100 steps of 0.1 s that never wait: 2.1 s of a 12.1 s epoch.
+    started = WindowSnapshot(
+        wait_s=(0.0,) * 50,
+        step_s=(0.1,) * 50,
+        settings=LoaderSettings(num_workers=4),
+        host=_BIG_HOST,
+        production_s=(0.1,) * 50,
+        epoch_start_s=(2.0, 2.2),
+    )
+    start = diagnose(started, steps_per_epoch=100).finding("epoch_start_stall")
+    assert start is not None and start.severity == pytest.approx(2.1 / 12.1)
+    # One rank waits 31 % of its loop, the median rank 1.5 %: every other rank loses the difference.
+    straggler = diagnose(_simulated([0.1], 0.1, workers=4, rank_wait_fractions=(0.01, 0.02, 0.31, 0.01)))
+    named = straggler.finding("straggler_rank")
+    assert named is not None and named.severity == pytest.approx(0.31 - 0.015)
+
+
+@pytest.mark.parametrize(
+    ("ram_gib", "shm_gib", "severity"),
+    [(40, 20, 16 / 20), (24, 64, 16 / 24)],  # shm the higher share, then RAM
+    ids=["shm", "ram"],
+)
+def test_memory_risks_severity_is_the_higher_of_its_shares_of_ram_and_shm(
+    ram_gib: int, shm_gib: int, severity: float
+) -> None:
+    # 128 MiB x 4 workers x 8 deep x 4 processes = 16 GiB in flight.
+    host = HostFacts(
+        cpu_count=32, processes_on_host=4, available_ram_bytes=ram_gib * 2**30, shm_free_bytes=shm_gib * 2**30
+    )
+    snap = _simulated([0.1], 0.1, workers=4, prefetch=8, host=host, batch_bytes=2**27)
+    finding = diagnose(snap).finding("memory_risk")
+    assert finding is not None and finding.severity == pytest.approx(severity)
+
+
+def test_oversubscriptions_severity_is_the_share_of_workers_beyond_the_cores_weighted_by_their_busy_time() -> None:
+    # 2 processes x 8 workers = 16 on 8 cores: half of them have no core. 8 workers at 0.7 s a batch make 11.4
+    # batches/s for a loop that takes 10: busy 0.7 x 10 / 8 = 87.5 % of the time.
+    host = HostFacts(cpu_count=8, processes_on_host=2)
+    finding = diagnose(_simulated([0.7], 0.1, workers=8, host=host)).finding("host_oversubscribed")
+    assert finding is not None and finding.severity == pytest.approx((1 - 8 / 16) * 0.875)
+    # Workers that compute a quarter of their busy time count a quarter of a core each: 16 x 0.25 = 4 of 3 cores.
+    small = HostFacts(cpu_count=3, processes_on_host=2)
+    snap = _simulated([0.7], 0.1, workers=8, host=small, production_cpu_s=(0.175,) * 120)
+    io = diagnose(snap).finding("host_oversubscribed")
+    assert snap.cpu_share == pytest.approx(0.25)
+    assert io is not None and io.severity == pytest.approx((1 - 3 / 4) * 0.875)
+
+
+@pytest.mark.parametrize(("production_s", "verdict"), [(0.36, "compute_bound"), (0.45, "host_oversubscribed")])
+def test_a_warning_under_five_percent_of_loop_time_does_not_outrank_a_healthy_loop(
+    production_s: float, verdict: str
+) -> None:
+    # 9 busy workers on 8 cores: a ninth of them without a core, weighted by how busy they are (9 workers at
+    # `production_s` against a 0.1 s step): 0.36 s gives 0.4 busy, 4.4 % of loop time; 0.45 s, 0.5 busy, 5.6 %.
+    busy = production_s * 10 / 9
+    d = diagnose(_simulated([production_s], 0.1, workers=9, host=HostFacts(cpu_count=8)))
+    warning = d.finding("host_oversubscribed")
+    assert warning is not None and warning.severity == pytest.approx(busy / 9)
+    assert d.verdict == verdict, d.to_text()
+    # Listed either way, behind the verdict when it costs less than 5 %.
+    assert [f.verdict for f in d.findings] == sorted(
+        ["compute_bound", "host_oversubscribed"], key=lambda v: v != verdict
+    )
+
+
+def test_bursts_that_neither_depth_nor_the_workers_the_cores_allow_absorb_are_told_to_make_slow_batches_cheaper() -> (
+    None
+):
+    # The pattern of test_bursts_depth_cannot_absorb_ask_for_workers: a third worker would absorb it, but 3 cores
+    # allow a process 2 workers (a core is the loop's), and 2 already run.
+    prod = [0.05] * 15 + [1.5]
+    d = diagnose(_simulated(prod, 0.1, workers=2, prefetch=1, steps=160, host=HostFacts(cpu_count=3)))
+    f = d.finding("bursty")
+    assert f is not None
+    assert f.evidence["expected_wait_fraction"] >= 0.05  # depth alone leaves the wait
+    assert "workers_for_bursts" not in f.evidence
+    assert f.recommended == {}
+    assert "make the slow batches cheaper" in f.fix, f.fix

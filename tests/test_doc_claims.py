@@ -255,3 +255,246 @@ def test_a_loader_that_needs_hundreds_of_batches_in_flight_is_not_found_by_the_t
         chosen = steady_rate(pipeline, tuned.chosen, steps=3000, seed=seed)
         assert tuned.chosen.batches_in_flight < 100, (seed, tuned.chosen)
         assert chosen < 0.8 * best, (seed, tuned.chosen, chosen, best)
+
+
+# -- docs/concepts.md "the demo's pipeline ... needs 0.03 x 25 x 1.2 = 0.9, so one worker" ---------------------------
+
+
+def test_the_demos_pipeline_needs_the_one_worker_concepts_works_out() -> None:
+    from lightning_loadguard.cli._demo import DEMO_LOAD_MS, DEMO_STEP_MS
+    from lightning_loadguard.model import diagnose
+    from lightning_loadguard.model.capacity import workers_needed
+
+    # The figures concepts.md quotes: 30 ms per batch, at 25 steps/s (a 40 ms step).
+    assert (DEMO_LOAD_MS, DEMO_STEP_MS) == (30.0, 40.0)
+    assert workers_needed(0.030, 25.0) == 1  # 0.03 x 25 x 1.2 = 0.9
+    # A window of the demo's timings as a quiet host measures them: loaded in the loop, each step waits 30 ms.
+    window = WindowSnapshot(wait_s=(0.030,) * 40, step_s=(0.040,) * 40, host=HostFacts(cpu_count=2))
+    finding = diagnose(window).finding("producer_deficit")
+    assert finding is not None and finding.evidence["workers_needed"] == 1
+    assert finding.fix.startswith("num_workers=1 (now 0)"), finding.fix
+
+
+# -- README / docs/index.md: `loadguard demo` writes to ./loadguard_demo_logs unless told otherwise -----------------
+
+
+def test_the_demo_writes_its_logs_to_loadguard_demo_logs_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "--epochs", "1", "--batches", "10", "--no-progress"]) == 0
+    assert list((tmp_path / "loadguard_demo_logs" / "demo" / "version_0").glob("events.out.tfevents*"))
+    assert "tensorboard --logdir loadguard_demo_logs" in capsys.readouterr().out
+
+
+# -- docs/concepts.md "after 5 finished steps with 2 workers and prefetch 2, the sampler has handed out 9 batches" --
+
+
+class _CountingBatches(torch.utils.data.Sampler[list[int]]):
+    """Batches of 2 indices, counting those handed to the loader (counted in the main process, which draws them)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches, self.handed_out = batches, 0
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Any:
+        for b in range(self.batches):
+            self.handed_out += 1
+            yield [2 * b, 2 * b + 1]
+
+
+def test_after_five_steps_with_two_workers_and_prefetch_two_torch_has_handed_out_nine_batches() -> None:
+    sampler = _CountingBatches(40)
+    loader = DataLoader(_Fast(80), batch_sampler=sampler, num_workers=2, prefetch_factor=2)
+    batches = iter(loader)
+    taken = [next(batches) for _ in range(5)]
+    # 2 x 2 asked for at the start, one more for each batch the loop took.
+    assert len(taken) == 5 and sampler.handed_out == 9
+    del batches
+
+
+# -- README "benchmarks/RESULTS.md holds the latest run of each with the command and the commit" ------------------
+
+
+def test_results_md_records_each_benchmark_with_its_command_and_commit_but_the_three_the_readme_names() -> None:
+    root = Path(__file__).resolve().parents[1]
+    scripts = sorted(p.stem for p in (root / "benchmarks").glob("*.py") if "__main__" in p.read_text())
+    assert len(scripts) >= 10, scripts
+    sections = re.split(r"(?m)^## ", (root / "benchmarks" / "RESULTS.md").read_text())[1:]
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    recorded = {s for s in scripts for sec in sections if f"python benchmarks/{s}.py" in sec and commit.search(sec)}
+    unrecorded = {"accuracy", "handover", "restart_settling"}
+    assert unrecorded <= set(scripts)
+    assert recorded == set(scripts) - unrecorded
+    readme = (root / "README.md").read_text()
+    assert "except `accuracy.py`, `handover.py` and `restart_settling.py`" in readme
+
+
+# -- docs/verdicts.md "the thresholds are module constants of ..." ---------------------------------------------------
+
+
+def test_the_thresholds_verdicts_md_names_are_constants_of_the_modules_it_names_with_the_tables_figures() -> None:
+    from importlib import import_module
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "verdicts.md").read_text()
+    paragraph = text[text.index("The thresholds are module constants") :].split("\n\n")[0]
+    groups = re.findall(r"`(lightning_loadguard\.[\w.]+)`\s+\(([^)]*)\)", paragraph)
+    assert [module for module, _ in groups] == [
+        "lightning_loadguard.model.diagnosis",
+        "lightning_loadguard.model.capacity",
+        "lightning_loadguard.model.budget",
+    ]
+    values = {}
+    for module, names in groups:
+        listed = re.findall(r"`(\w+)`", names)
+        assert listed, names
+        for name in listed:
+            assert hasattr(import_module(module), name), (module, name)
+            values[name] = getattr(import_module(module), name)
+    # The figures the table states for them: 5 % of loop time, a 20 % copy, 5 % of an epoch, 5 points over the
+    # median rank, Little's law's 20 % margin, 50 % of available RAM and 80 % of free /dev/shm.
+    stated = {k: v for k, v in values.items() if k != "PACED_STEP_SHARE"}
+    assert stated == {
+        "WAIT_OK": 0.05,
+        "TRANSFER_SHARE": 0.2,
+        "EPOCH_START_SHARE": 0.05,
+        "STRAGGLER_GAP": 0.05,
+        "BURST_MARGIN": 0.2,
+        "RAM_BUDGET_SHARE": 0.5,
+        "SHM_BUDGET_SHARE": 0.8,
+    }
+
+
+# -- README / docs/verdicts.md: the diagnosis is printed after the first epoch and at the end of fit -----------------
+
+
+def test_the_diagnosis_is_printed_after_the_first_epoch_and_at_the_end_of_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    guard = LoadGuard(window=10, log_every_n_steps=5)
+    loader = timed_loader(TimedDataset(48, sample_s=0.001), batch_size=4)
+    quiet_trainer(max_epochs=3, callbacks=[guard]).fit(TimedModule(step_s=0.001, record=False), loader)
+    printed = capsys.readouterr().out
+    # Three epochs: once after the first (not after the others), once in the summary at the end.
+    assert printed.count("LoadGuard after the first epoch") == 1, printed
+    assert printed.count("Data path:") == 2, printed
+    first, end = printed.index("LoadGuard after the first epoch"), printed.index("LoadGuard summary")
+    assert first < printed.index("Data path:") < end < printed.rindex("Data path:")
+
+
+# -- README / docs/verdicts.md: the diagnosis is logged as text when it changes, not on every logging step ----------
+
+
+class _SlowsDown(torch.utils.data.Dataset):
+    """Samples free to make up to ``switch_at``, then ``sample_s`` each (made in the training process)."""
+
+    def __init__(self, n: int, switch_at: int, sample_s: float) -> None:
+        self.n, self.switch_at, self.sample_s = n, switch_at, sample_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i >= self.switch_at:
+            time.sleep(self.sample_s)
+        return torch.tensor(i), torch.ones(16)  # as TimedModule takes it
+
+
+class _Texts(pl.loggers.Logger):
+    """A logger with ``log_text`` (as WandbLogger's) that keeps the texts and the steps figures were logged on."""
+
+    name, version = "texts", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[tuple[int | None, str]] = []
+        self.metric_steps: set[int | None] = set()
+
+    def log_text(self, key: str, columns: list[str], data: list[list[str]], step: int | None = None) -> None:
+        if key == "loadguard/diagnosis":
+            self.texts.append((step, data[0][0]))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if any(name.startswith("loadguard/") for name in metrics):
+            self.metric_steps.add(step)
+
+    def log_hyperparams(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def test_the_diagnosis_text_is_logged_again_when_the_verdict_changes() -> None:
+    # 20 steps of 20 ms whose batches are free, then 40 whose 4 samples take 4 ms each, made in the loop: 16 ms of
+    # waiting per step, a producer deficit by the test's own design.
+    switch = 20
+    logger = _Texts()
+    guard = LoadGuard(window=10, print_summary=False)
+    trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=5, callbacks=[guard])
+    loader = DataLoader(_SlowsDown(4 * 60, switch_at=4 * switch, sample_s=0.004), batch_size=4)
+    trainer.fit(TimedModule(step_s=0.02, record=False), loader)
+    found = [(step, re.search(r"Data path: (\w+)", text)) for step, text in logger.texts]
+    assert found and all(m is not None and step is not None for step, m in found), logger.texts
+    said = [(step, m.group(1)) for step, m in found if m is not None and step is not None]
+    # Healthy before the switch, starved after it: the text was logged again for the change.
+    assert any(step < switch and verdict == "compute_bound" for step, verdict in said), said
+    assert said[-1][0] >= switch and said[-1][1] == "producer_deficit", (said, sorted(logger.metric_steps))
+    # That it is not logged on every logging step while nothing changes: test_loadguard.py's
+    # test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step.
+
+
+# -- figures the docs state for settings that tests elsewhere exercise at other values -------------------------------
+
+
+def test_the_logging_share_and_the_core_wait_sampling_interval_are_the_documented_figures() -> None:
+    from lightning_loadguard.callback import LOGGING_SHARE
+    from lightning_loadguard.meters.monitor import QUEUE_SAMPLE_INTERVAL_S
+
+    # README: on short steps LoadGuard logs less often where logging would take more than 0.05 % of the time
+    # (test_loadguard.py checks the share the logging steps took against this constant).
+    assert LOGGING_SHARE == 0.0005
+    # docs/verdicts.md: the loop's wait for a core is sampled on one fetch each 20 ms (test_meters.py checks the
+    # sampling at another interval).
+    assert QUEUE_SAMPLE_INTERVAL_S == 0.02
+
+
+# -- README / docs/index.md: the demo's default run takes under a minute on 2 CPU cores ------------------------------
+
+
+@pytest.mark.slow
+def test_the_demos_default_run_finishes_in_under_a_minute(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # Timed on the test's own clock, from starting Python to the exit: what a user waits for. About 25 s on a quiet
+    # 2-core machine (3 epochs x 100 batches x 70 ms of sleeps, and starting Lightning).
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_loadguard.cli", "demo", "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Diagnosis: producer_deficit" in done.stdout
+    assert took < 60, took
+
+
+# -- docs/index.md: every example "runs on a CPU machine in well under a minute" ---------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["quick_start", "image_pipeline", "ddp", "auto_tune", "exact_resume"])
+def test_each_example_runs_with_its_defaults_in_under_a_minute(example: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # test_examples.py runs them with smaller sizes; here as a user runs them, timed on the test's own clock.
+    script = Path(__file__).resolve().parents[1] / "examples" / f"{example}.py"
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert took < 60, took

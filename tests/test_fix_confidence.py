@@ -168,7 +168,10 @@ def test_each_verdict_recommends_loader_kwargs_and_says_whether_it_is_certain() 
         ),
         steps_per_epoch=40,
     )
-    assert kept.finding("epoch_start_stall") is not None and kept.recommended == {}
+    stall = kept.finding("epoch_start_stall")
+    assert stall is not None and kept.recommended == {}
+    # docs/verdicts.md: with persistent workers already on, the start-up is not worker launch.
+    assert "sampler's and dataset's per-epoch set-up" in stall.fix, stall.fix
 
     healthy = diagnose(_workers_window())
     assert healthy.verdict == "compute_bound" and healthy.recommended == {} and healthy.certain is True
@@ -361,3 +364,24 @@ def test_bursts_depth_cannot_absorb_recommend_the_fewest_workers_that_do_and_the
     capped = diagnose(_bursty([0.05] * 15 + [1.5], steps=160, host=host, batch_bytes=10_000_000)).finding("bursty")
     assert capped is not None and capped.certain is False, capped.fix
     assert capped.recommended == {"num_workers": workers, "prefetch_factor": (workers * depth - 1) // workers}
+
+
+@pytest.mark.parametrize(
+    ("usable", "other", "batch_cpu_s", "fits"),
+    [
+        (2.0, 0.0, 0.0168, True),  # 1.78 cores of 0.9 x 2 = 1.8
+        (2.0, 0.0, 0.0172, False),  # 1.82
+        (4.0, 1.0, 0.0258, True),  # 2.68 cores of 0.9 x (4 - 1) = 2.7
+        (4.0, 1.0, 0.0262, False),  # 2.72
+    ],
+)
+def test_more_workers_are_certain_within_90_percent_of_the_cores_left_to_the_process(
+    usable: float, other: float, batch_cpu_s: float, fits: bool
+) -> None:
+    # docs/verdicts.md: the cores the step's threads and the workers need at the step's rate (100 steps/s x (1 ms
+    # + the batch's CPU)) must fit in 90 % of the cores this process may use, less what other work used.
+    check = check_cores(
+        target_rate=100, step_cpu_s=0.001, batch_cpu_s=batch_cpu_s, usable_cores=usable, other_cores=other
+    )
+    assert check.needed_cores == pytest.approx(100 * (0.001 + batch_cpu_s))
+    assert check.fits is fits

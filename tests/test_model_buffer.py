@@ -97,6 +97,24 @@ def test_steady_state_wait_never_grows_with_depth(x: float, y: float, n: int) ->
     assert steady_state_wait(x, y, n + 1) <= steady_state_wait(x, y, n) + 1e-12
 
 
+def test_with_spare_capacity_each_slot_of_depth_halves_the_wait_when_the_producer_is_twice_as_fast() -> None:
+    # A 0.2 s step fed at 0.1 s a batch: the buffer is empty with probability (1 - 2) / (1 - 2^(n+1)), so the wait
+    # is 0.1 / (2^(n+1) - 1): 0.1, 0.1/3, 0.1/7, ... worked out by hand from the queue's formula.
+    for depth in range(12):
+        assert steady_state_wait(0.2, 0.1, depth) == pytest.approx(0.1 / (2 ** (depth + 1) - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.01, 1.0), st.floats(0.01, 0.99), st.integers(0, 60))
+def test_with_spare_capacity_the_wait_falls_geometrically_with_the_depth(x: float, speed: float, n: int) -> None:
+    # docs/concepts.md: with y < x each further slot of depth cuts the wait by at least the factor y / x (a linear
+    # fall would not: its last slots cut it by far less).
+    y = x * speed
+    deeper, now = steady_state_wait(x, y, n + 1), steady_state_wait(x, y, n)
+    assert now > 0
+    assert deeper <= now * (y / x) * (1 + 1e-9) + 1e-300
+
+
 @settings(max_examples=80, deadline=None)
 @given(_times, _times, _workers, _prefetch, _steps)
 def test_throughput_never_exceeds_the_slowest_stage(

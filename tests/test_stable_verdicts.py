@@ -138,3 +138,46 @@ def test_a_held_verdict_shows_this_windows_secondary_findings_not_those_of_the_w
     assert held.finding("epoch_start_stall") is None
     assert held.finding("compute_bound") is later.findings[0]
     assert stable.changes == 1
+
+
+def test_a_finding_the_spoken_diagnosis_did_not_list_waits_for_the_hold() -> None:
+    spoken = Diagnosis(
+        "transfer_bound",
+        (Finding("transfer_bound", 0.07, evidence={"transfer_ms": 2.8}), Finding("compute_bound", 0.0)),
+    )
+    # Windows that find a start-up stall outweighing the hand-over (9 % against 7 %, past the 1 % margin).
+    stalled = Diagnosis(
+        "epoch_start_stall",
+        (Finding("epoch_start_stall", 0.09, evidence={"epoch_start_ms": 900.0}), Finding("transfer_bound", 0.07)),
+    )
+    stable = StableDiagnosis(hold=3)
+    stable.update(spoken)
+    held = [stable.update(stalled) for _ in range(3)]
+    # Two windows: the spoken verdict with these windows' figures, and not the stall they found.
+    for window in held[:2]:
+        assert window.verdict == "transfer_bound"
+        assert window.finding("transfer_bound") is stalled.findings[1]
+        assert window.finding("epoch_start_stall") is None
+    # The third: it held, and is spoken with its finding.
+    assert held[2] is stalled and stable.changes == 2
+
+
+def test_a_window_giving_the_spoken_advice_is_shown_with_its_other_findings_at_once() -> None:
+    # Nothing is held where the window says what was spoken: its secondary findings are its own, new ones too.
+    spoken = Diagnosis("transfer_bound", (Finding("transfer_bound", 0.07), Finding("compute_bound", 0.0)))
+    later = Diagnosis("transfer_bound", (Finding("transfer_bound", 0.08), Finding("epoch_start_stall", 0.06)))
+    stable = StableDiagnosis(hold=3)
+    stable.update(spoken)
+    assert stable.update(later) is later and stable.changes == 1
+
+
+def test_loadguards_verdict_changes_after_three_consecutive_windows_as_documented() -> None:
+    # docs/verdicts.md: a new verdict is spoken once it holds over three consecutive logged windows. The guard's
+    # own stable diagnosis, with the defaults LoadGuard() gives it.
+    from lightning_loadguard.callback import LoadGuard
+
+    stable = LoadGuard()._stable
+    healthy, starved = diagnose(_in_process(0.0005)), diagnose(_in_process(0.05))
+    assert stable.update(healthy).verdict == "compute_bound"
+    spoken = [stable.update(starved).verdict for _ in range(4)]
+    assert spoken == ["compute_bound", "compute_bound", "producer_deficit", "producer_deficit"]

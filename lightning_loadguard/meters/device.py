@@ -165,6 +165,7 @@ class DeviceTimeline:
         """The step's work is launched; read whatever earlier steps the device has passed."""
         slot = self._open
         self._open = None
+        self._skipping = False
         if slot is not None and slot.start is not None:
             slot.end = self._record()
             self._pending.append(slot)
@@ -180,6 +181,7 @@ class DeviceTimeline:
         The next step's idle is not measured: the device time until it is someone else's.
         """
         self._chained = False
+        self._skipping = False
         if self._open is not None and self._open.start is None:
             self._release(self._open)
             self._open = None
@@ -219,10 +221,14 @@ class DeviceTimeline:
         if len(self._pending) >= self._max_pending:
             self.poll()
         if len(self._pending) >= self._max_pending:
-            # The host is further ahead than the pool covers: this step goes unmeasured, nothing waits.
-            self.skipped_steps += 1
+            # The host is further ahead than the pool covers: this step goes unmeasured, nothing waits. A step
+            # begins at its fetch's start and again at its end: it counts once.
+            if not self._skipping:
+                self.skipped_steps += 1
+            self._skipping = True
             self._chained = False
             return None
+        self._skipping = False
         self._open = _Slot(self._chained)
         return self._open
 
