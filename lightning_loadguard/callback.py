@@ -70,7 +70,7 @@ latest step's period): their cost per second of training stays bounded however s
 
 LOGGING_SHARE = 0.0005
 """Where LoadGuard follows the trainer's logging cadence, its logging steps (the window, the diagnosis, the
-collective, the logs: about half a millisecond of CPU) take at most this share of the training's time: on
+collective, the logs: about a millisecond of CPU) take at most this share of the training's time: on
 steps so short that they would take more, it logs on every k-th of the trainer's logging steps, at the smallest
 k that keeps within it (paced by the costliest rank's latest logging step, the same on every rank), and on at
 least one in ``MAX_LOGGING_STRIDE``."""
@@ -108,8 +108,8 @@ class LoadGuard(_pl.Callback):
         log_every_n_steps: how often to log; ``None`` follows the trainer's ``log_every_n_steps``, but no more
             often than every ``window // 2`` steps (each figure spans the window). Besides, the
             first full window is logged as soon as it is full.
-        print_summary: print the diagnosis after the first epoch and the summary table at the end of fit
-            (on global rank 0).
+        print_summary: print the diagnosis after the first epoch, a draining alarm when one is raised, and
+            the summary table at the end of fit (on global rank 0); ``False`` prints nothing.
         auto_tune: ``True``, a :class:`~lightning_loadguard.tuning.options.TuneOptions`, or ``False``: choose
             the train loader's ``num_workers``, ``prefetch_factor``, ``persistent_workers`` (and ``pin_memory``
             on an accelerator) during epoch 0 (the first few epochs when one is too short); see
@@ -694,7 +694,8 @@ class LoadGuard(_pl.Callback):
         text = self._guarded("writing the diagnosis", diagnosis.to_text)
         if text is None:
             return
-        if diagnosis.draining is not None:
+        if diagnosis.draining is not None and self.print_summary:
+            # Printed with the rest of LoadGuard's output: print_summary=False prints nothing.
             draining = self._guarded("writing the diagnosis", diagnosis.draining.summary)
             if draining:
                 _print_on_rank_zero(trainer, f"LoadGuard: {draining}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -15,7 +16,6 @@ from tensorboard_run import STEPS, fit_with_tensorboard
 
 from lightning_loadguard import cli
 from lightning_loadguard.cli import CommandError
-from lightning_loadguard.cli._demo import DEMO_LOAD_MS, DEMO_STEP_MS
 from lightning_loadguard.cli._plot import plot_run
 from lightning_loadguard.cli._runs import read_runs
 from lightning_loadguard.dashboard import METRICS
@@ -23,10 +23,17 @@ from lightning_loadguard.report import metric_unit, render_table
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
-    """The log directory of a short fit, and the loadguard metrics of its last logging step."""
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, float]]]:
+    """The log directory of a short fit, and the metrics handed to its logger, by step."""
     root = tmp_path_factory.mktemp("tb")
     _, logged = fit_with_tensorboard(root)
+    return root, logged
+
+
+@pytest.fixture(scope="module")
+def logdir(fitted: tuple[Path, dict[int, dict[str, float]]]) -> tuple[Path, dict[str, float]]:
+    """The log directory of a short fit, and the loadguard metrics of its last logging step."""
+    root, logged = fitted
     last = logged[max(logged)]
     return root, {k: v for k, v in last.items() if k.startswith("loadguard/")}
 
@@ -35,6 +42,9 @@ def test_demo_shows_the_deficit_and_its_fix(tmp_path: Path, capsys: pytest.Captu
     rc = cli.main(["demo", "--epochs", "1", "--batches", "24", "--logdir", str(tmp_path), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
+    # docs/api.md: 30 ms a batch, made in the training process, before each 40 ms step.
+    assert "each batch takes 30 ms to load and each training step 40 ms" in out
+    assert "num_workers=0" in out
     # The diagnosis is shown once, as a table; the summary's own copy of it is left out.
     assert out.count("Diagnosis: producer_deficit") == 1
     assert "Data path:" not in out
@@ -49,7 +59,11 @@ def test_demo_shows_the_deficit_and_its_fix(tmp_path: Path, capsys: pytest.Captu
     run = read_runs(tmp_path)[-1]
     wait = run.scalars["loadguard/wait_fraction"].latest
     # At least the known share (less a margin for the step's own overrun): a busy host only lengthens the loading.
-    assert DEMO_LOAD_MS / (DEMO_LOAD_MS + DEMO_STEP_MS) - 0.08 <= wait < 1
+    assert 30 / (30 + 40) - 0.08 <= wait < 1
+    # Each figure at least its sleeps (a sleep never ends early), and less than a busy host could stretch them
+    # (the loading's eight short sleeps a batch more than the step's one).
+    assert 30 <= run.scalars["loadguard/data_wait_ms"].latest < 3 * 30
+    assert 40 <= run.scalars["loadguard/step_ms"].latest < 2 * 40
     assert "producer_deficit" in run.texts["loadguard/diagnosis/text_summary"][1]
 
 
@@ -71,6 +85,13 @@ def test_demo_auto_tune_fixes_the_deficit(tmp_path: Path, capsys: pytest.Capture
     # a core: a third of the first window's wait on a quiet 2-core machine, about half beside another test
     # run. The bound, fixed here, is a clear fall.
     assert wait.latest < 0.6 * wait.values[0], wait
+    # docs/api.md: with --auto-tune it prints the first window against the last; the first is the first one
+    # logged, and the fix shows in the last.
+    comparison = out[out.index("First window vs last window") :]
+    row = next(line for line in comparison.splitlines() if "loadguard/wait_fraction" in line)
+    first, last = (float(cell) for cell in row.replace("\u2502", " ").split()[1:3])
+    assert first == pytest.approx(wait.values[0], rel=0.006), row
+    assert last < 0.6 * first, row
 
 
 def test_report_reads_what_loadguard_logged(logdir: tuple[Path, dict[str, float]]) -> None:
@@ -110,6 +131,58 @@ def test_report_plot(logdir: tuple[Path, dict[str, float]], tmp_path: Path, caps
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
     assert f"Plot written to {out}" in capsys.readouterr().out
+
+
+def test_report_columns_are_the_logged_latest_mean_min_max_and_points(
+    fitted: tuple[Path, dict[int, dict[str, float]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each row of the report, against the values the fit handed to its logger (the test's own record)."""
+    root, logged = fitted
+    assert cli.main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    units = {"loadguard/wait_fraction": "0..1", "loadguard/data_wait_ms": "ms", "loadguard/producer_rate": "batches/s"}
+    for name, unit in units.items():
+        values = [logged[step][name] for step in sorted(logged) if name in logged[step]]
+        assert len(values) == len(range(LOG_STEP0, STEPS, 4)), values
+        cells = next(line for line in out.splitlines() if name in line).replace("\u2502", " ").split()
+        assert cells[0] == name and cells[5:] == [unit, str(len(values))], cells
+        shown = [float(cell.replace(",", "")) for cell in cells[1:5]]
+        expected = [values[-1], statistics.fmean(values), min(values), max(values)]
+        # Three significant figures (or one decimal from 10 on): within half a unit of the last digit shown.
+        assert shown == pytest.approx(expected, rel=0.006), (cells, expected)
+
+
+def test_report_takes_the_most_recently_written_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    def write(logdir: Path, run: str, walltime: float) -> None:
+        with SummaryWriter(str(logdir / run)) as writer:
+            writer.add_scalar("loadguard/wait_fraction", 0.5, 0, walltime=walltime)
+
+    # Written in either order, whatever the names' order: the run written last is reported, the other listed.
+    for first, last in (("b", "a"), ("a", "b")):
+        logdir = tmp_path / f"{first}_then_{last}"
+        write(logdir, first, walltime=1000.0)
+        write(logdir, last, walltime=2000.0)
+        assert cli.main(["report", str(logdir)]) == 0
+        out = capsys.readouterr().out
+        # The title names the run's path (a long one wraps: compared without the white space).
+        assert f"LoadGuardreport:{logdir / last}(steps0..0)" in "".join(out.split()), out
+        assert out.rstrip().endswith(f"(choose one with --run): {first}"), out
+
+
+def test_report_plot_without_matplotlib_exits_1_naming_the_extra(
+    logdir: tuple[Path, dict[str, float]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    target = tmp_path / "x.png"
+    assert cli.main(["report", str(logdir[0]), "--plot", str(target)]) == 1
+    assert "lightning-loadguard[plot]" in capsys.readouterr().err
+    assert not target.exists()
 
 
 def test_plot_without_matplotlib_names_the_package(
@@ -184,6 +257,24 @@ def test_help_runs_as_a_program() -> None:
     assert "demo" in done.stdout and "report" in done.stdout
 
 
+def test_help_in_python_prints_and_raises_system_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    # docs/api.md: --help prints and raises SystemExit(0), as argparse does (main does not return it).
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: loadguard") and "demo" in out and "report" in out
+
+
+def test_the_demo_writes_its_logs_to_loadguard_demo_logs_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "--epochs", "1", "--batches", "4", "--no-progress"]) == 0
+    assert "tensorboard --logdir loadguard_demo_logs" in capsys.readouterr().out
+    assert list(tmp_path.glob("loadguard_demo_logs/demo/version_0/events.out.tfevents*"))
+
+
 def test_tables_fall_back_to_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "rich", None)
     monkeypatch.setitem(sys.modules, "rich.console", None)
@@ -218,7 +309,7 @@ def test_the_demos_default_run_is_built_to_take_well_under_a_minute() -> None:
     # defaults 3 epochs x 100 batches x 70 ms. The rest is starting Python and Lightning (CI runs it as
     # written, under a 300 s limit); a timed test would measure the host, not the demo.
     args = cli.build_parser().parse_args(["demo"])
-    designed_s = args.epochs * args.batches * (DEMO_LOAD_MS + DEMO_STEP_MS) / 1e3
+    designed_s = args.epochs * args.batches * (30 + 40) / 1e3  # docs/api.md: 30 ms a batch, a 40 ms step
     assert designed_s <= 30, designed_s
 
 

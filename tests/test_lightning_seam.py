@@ -205,10 +205,146 @@ def test_a_fetch_action_lightning_no_longer_names_is_said_once(monkeypatch: pyte
 def test_an_internal_the_resume_reads_that_is_missing_is_refused_not_guessed() -> None:
     # docs/resume.md: where an internal the mixin reads is missing, it refuses with PositionMismatchError.
     elsewhere = SimpleNamespace(fit_loop=SimpleNamespace())  # a trainer of some other layout
-    with pytest.raises(PositionMismatchError, match=r"keeps no checkpoint being restored where versions 2.4-2.6 do"):
+    with pytest.raises(PositionMismatchError, match=r"keeps no checkpoint being restored where versions 2.5-2.6 do"):
         _lightning.loaded_checkpoint(elsewhere)
     with pytest.raises(PositionMismatchError, match=r"keeps no batch progress where .*exact resume is refused"):
         _lightning.batches_done_in_epoch(elsewhere)
     restoring = SimpleNamespace(_checkpoint_connector=SimpleNamespace(_loaded_checkpoint={"state_dict": {}}))
     with pytest.raises(PositionMismatchError, match=r"keeps no batch progress in the checkpoint"):
         _lightning.shift_restored_batch_count(restoring, 2)
+
+
+# docs/architecture.md's seam table, "where it is missing": each function's fallback, on a trainer of some other
+# layout (a SimpleNamespace holding only what the case names), and where the fallback shows in a fit, the fit.
+
+
+def _fit_watching_epochs() -> tuple[list[set[str]], list[str]]:
+    """A 2-epoch fit (1 worker, window 4, logging every 2 steps): LoadGuard's metric names at each epoch's end,
+    and its warnings."""
+    from lightning.pytorch import Callback
+    from pipelines import quiet_trainer
+
+    from lightning_loadguard import LoadGuard, LoadGuardWarning
+    from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    names: list[set[str]] = []
+
+    class AtEpochEnd(Callback):  # after LoadGuard's own epoch-end figures
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            names.append(set(guard.metrics))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_trainer(callbacks=[guard, AtEpochEnd()], max_epochs=2).fit(
+            TimedModule(record=False), timed_loader(TimedDataset(32), 4, num_workers=1)
+        )
+    return names, [str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning)]
+
+
+def test_without_the_loader_hook_the_loader_is_instrumented_at_train_start_one_iterator_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    elsewhere = SimpleNamespace(fit_loop=SimpleNamespace())  # no FitLoop._load_combined_loader_states
+    assert _lightning.hook_loaders_ready(elsewhere, lambda loaders: None) is False
+    assert vars(elsewhere.fit_loop) == {}  # nothing written
+    monkeypatch.setattr(_lightning, "hook_loaders_ready", lambda trainer, on_ready: False)
+    names, said = _fit_watching_epochs()
+    assert len(names) == 2
+    # Epoch 0's workers started before on_train_start: the producer is measured from epoch 1's iterator on.
+    assert "loadguard/wait_fraction" in names[0] and "loadguard/producer_rate" not in names[0]
+    assert "loadguard/producer_rate" in names[1]
+    assert said == []
+
+
+def test_without_the_fit_loops_loaders_no_loader_is_probed_and_the_wait_is_still_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _lightning.train_loaders(SimpleNamespace(fit_loop=SimpleNamespace())) == []  # no _combined_loader
+    # The loader hook reads the same internal: where one is missing, so is the other.
+    monkeypatch.setattr(_lightning, "hook_loaders_ready", lambda trainer, on_ready: False)
+    monkeypatch.setattr(_lightning, "train_loaders", lambda trainer: [])
+    names, said = _fit_watching_epochs()
+    assert len(names) == 2
+    assert len(said) == 1 and "producer capacity, readiness and epoch start-up are not measured" in said[0]
+    assert all("loadguard/wait_fraction" in n and "loadguard/producer_rate" not in n for n in names), names
+
+
+def test_without_batches_that_stepped_the_step_axis_is_the_global_step() -> None:
+    trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace()), global_step=7)
+    assert _lightning.log_step(trainer) == 7
+    trainer.fit_loop.epoch_loop._batches_that_stepped = 5
+    assert _lightning.log_step(trainer) == 5
+
+
+def test_without_the_combined_loaders_limits_an_epoch_is_the_loaders_length() -> None:
+    loader = torch.utils.data.DataLoader(range(40), batch_size=4)
+    assert _lightning.epoch_steps(SimpleNamespace(fit_loop=SimpleNamespace()), loader) == 10
+    limited = SimpleNamespace(fit_loop=SimpleNamespace(_combined_loader=SimpleNamespace(limits=[3])))
+    assert _lightning.epoch_steps(limited, loader) == 3
+
+
+def test_a_train_iterator_of_unknown_structure_is_not_replaced_and_says_why() -> None:
+    elsewhere = SimpleNamespace(fit_loop=SimpleNamespace())
+    iterator, why = _lightning.train_iterator(elsewhere)
+    assert iterator is None and why is not None and "unknown structure" in why
+    with pytest.raises(RuntimeError, match="changed under the tuner"):
+        _lightning.replace_train_iterator(elsewhere, None, iter([]))
+
+
+def test_where_the_loop_progress_a_resume_aligns_is_missing_it_is_refused_naming_it() -> None:
+    def resuming(loaded: dict[str, Any] | None) -> SimpleNamespace:
+        # Neither 2.5's restarted_on_train_batch_end nor 2.6's is_resuming: the alignment has work to do.
+        return SimpleNamespace(
+            ckpt_path="last.ckpt",
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace()),
+            _checkpoint_connector=SimpleNamespace(_loaded_checkpoint=loaded),
+        )
+
+    without_progress = {"loops": {"fit_loop": {}}}
+    with pytest.raises(PositionMismatchError, match=r"keeps no loop progress in the checkpoint where versions"):
+        _lightning.repair_restored_progress(resuming(without_progress), epoch=1, batches=3)
+    with pytest.raises(PositionMismatchError, match=r"keeps no loop progress where versions"):
+        _lightning.align_with_lightning_restart(resuming(without_progress))
+    with pytest.raises(PositionMismatchError, match=r"keeps no loop progress where versions"):
+        _lightning.iterates_twice_on_resume(resuming(without_progress))
+    # Restored already (nothing pending): read from a fit loop that keeps no epoch progress.
+    with pytest.raises(PositionMismatchError, match=r"keeps no loop progress where versions"):
+        _lightning.align_with_lightning_restart(resuming(None))
+
+
+def test_the_internals_read_during_a_fit_exist_in_the_installed_lightning() -> None:
+    """The rest of the seam table's internals, read where they live: in a fit, once the train loader is built."""
+    from lightning.pytorch import Callback
+    from pipelines import quiet_trainer
+
+    from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+
+    seen: dict[str, Any] = {}
+
+    class Reads(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if batch_idx != 1:
+                return
+            fit_loop, epoch_loop = trainer.fit_loop, trainer.fit_loop.epoch_loop
+            seen["iterators"] = fit_loop._combined_loader._iterator.iterators
+            seen["limits"] = fit_loop._combined_loader.limits
+            seen["train_iterator"] = _lightning.train_iterator(trainer)
+            seen["epoch_steps"] = _lightning.epoch_steps(trainer, fit_loop._combined_loader.flattened[0])
+            seen["processed"] = epoch_loop.batch_progress.current.processed
+            seen["restarted_on_train_batch_end"] = hasattr(epoch_loop, "restarted_on_train_batch_end")
+            seen["is_resuming"] = hasattr(fit_loop, "is_resuming")
+            seen["iteration_based"] = fit_loop._iteration_based_training()
+
+    trainer = quiet_trainer(callbacks=[Reads()], max_epochs=1, limit_train_batches=5)
+    trainer.fit(TimedModule(record=False), timed_loader(TimedDataset(40), batch_size=4))
+    assert isinstance(seen["iterators"], list) and len(seen["iterators"]) == 1
+    iterator, why = seen["train_iterator"]
+    assert iterator is seen["iterators"][0] and why is None
+    assert seen["limits"] == [5] and seen["epoch_steps"] == 5  # the limit, not the loader's 10
+    assert seen["processed"] == 1  # batch 0 done
+    # From 2.5 (the oldest pyproject allows) and from 2.6: the resume tells the releases apart by them.
+    assert seen["restarted_on_train_batch_end"]
+    release = tuple(int(part) for part in pl.__version__.split(".")[:2])
+    assert seen["is_resuming"] == (release >= (2, 6)), pl.__version__
+    assert seen["iteration_based"] is False  # max_epochs, not max_steps

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from pipelines import quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -218,18 +218,23 @@ def test_a_failing_meter_is_reported_once_and_training_goes_on(monkeypatch: pyte
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "name"),
+    ("kwargs", "name", "allowed"),
     [
-        ({"window": 1}, "window"),
-        ({"window": "10"}, "window"),
-        ({"log_every_n_steps": 0}, "log_every_n_steps"),
-        ({"print_summary": "yes"}, "print_summary"),
-        ({"auto_tune": "on"}, "auto_tune"),
+        ({"window": 1}, "window", "None (adapt to the epoch) or an integer >= 2"),
+        ({"window": "10"}, "window", "None (adapt to the epoch) or an integer >= 2"),
+        ({"log_every_n_steps": 0}, "log_every_n_steps", "None (follow the trainer) or an integer >= 1"),
+        ({"print_summary": "yes"}, "print_summary", "True or False"),
+        ({"auto_tune": "on"}, "auto_tune", "True, False or a TuneOptions"),
     ],
 )
-def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], name: str) -> None:
-    with pytest.raises(ValueError, match=f"`{name}`"):
+def test_bad_arguments_name_the_argument_and_the_allowed_values(
+    kwargs: dict[str, Any], name: str, allowed: str
+) -> None:
+    # docs/api.md: "Invalid values raise ValueError naming the argument and the allowed values".
+    with pytest.raises(ValueError, match=f"`{name}`") as refused:
         LoadGuard(**kwargs)
+    assert allowed in str(refused.value)
+    assert repr(next(iter(kwargs.values()))) in str(refused.value)  # and what was given
 
 
 def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
@@ -254,7 +259,9 @@ def test_a_short_epoch_gets_its_first_figures_within_the_first_epoch() -> None:
     trainer.callbacks.append(guard)
     trainer.fit(TimedModule(0.001, record=False), timed_loader(TimedDataset(228, sample_s=0.0), batch_size=4))
     assert guard.window == 28
-    assert logger.logged and logger.logged[0] < 57
+    # The first point is the first full window's, step 27 (the 28th step): the trainer's cadence alone (50)
+    # would log step 49 first.
+    assert logger.logged and logger.logged[0] == 27
     assert LoadGuard(window=7).window == 7  # an explicit window is kept
 
 
@@ -361,10 +368,11 @@ def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_trainin
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2 ms steps, the trainer logging every 50: LoadGuard logs on every k-th of the trainer's logging steps,
-    so that its logging steps' CPU time (timed here) stays within ``LOGGING_SHARE`` of the training's wall time
-    (an independent clock), or, where that would take k past ``MAX_LOGGING_STRIDE``, on every
-    ``MAX_LOGGING_STRIDE``-th, each costing at most 5 ms of CPU time (a bound fixed here)."""
-    from lightning_loadguard.callback import LOGGING_SHARE, MAX_LOGGING_STRIDE
+    so that its logging steps' CPU time (timed here) stays within 0.05 % of the training's wall time (an
+    independent clock), or, where that would take k past 8, on every 8th, each costing at most 5 ms of CPU time
+    (a bound fixed here). The figures are docs/metrics.md's, written here (the pacing's arithmetic on them:
+    test_logging_is_thinned_to_a_share_of_five_hundredths_of_a_percent_but_at_most_to_every_8th)."""
+    logging_share, max_logging_stride = 0.0005, 8
 
     spent: list[tuple[float, bool]] = []
     publish = LoadGuard._publish
@@ -391,16 +399,16 @@ def test_on_short_steps_the_logging_steps_keep_within_their_share_of_the_trainin
     ours, theirs = _steps_with(rows, "loadguard/wait_fraction"), _steps_with(rows, "train_loss")
     assert ours <= theirs  # on the trainer's logging steps, so rows line up
     assert len(theirs) == steps // every
-    # Paced: fewer than the trainer's, but never fewer than one in MAX_LOGGING_STRIDE of them.
-    assert len(theirs) // MAX_LOGGING_STRIDE <= len(ours) <= len(theirs) / 2, (sorted(ours), spent)
+    # Paced: fewer than the trainer's, but never fewer than one in 8 of them.
+    assert len(theirs) // max_logging_stride <= len(ours) <= len(theirs) / 2, (sorted(ours), spent)
     # Paced from the third on: the first comes before any cost is known, the second with the first full
     # window; the end of the epoch and of the fit add one each, unlogged. The CPU time (which a busy host does
     # not stretch) of the paced ones is held to a bound fixed in advance: a logging step here costs about
     # 1.5 ms, so 5 ms each at the cap's count, or the share of the wall time where that is more.
     paced = [seconds for seconds, logged in spent[2:] if logged]
     logging_step_cpu_s = 0.005
-    at_the_cap = math.ceil(steps / every / MAX_LOGGING_STRIDE) * logging_step_cpu_s
-    allowed = max(LOGGING_SHARE * clock.seconds, at_the_cap)
+    at_the_cap = math.ceil(steps / every / max_logging_stride) * logging_step_cpu_s
+    allowed = max(logging_share * clock.seconds, at_the_cap)
     assert math.fsum(paced) <= allowed, (sorted(ours), spent, clock.seconds)
 
 
@@ -609,12 +617,15 @@ def test_a_logger_with_log_text_gets_the_diagnosis_and_the_settings_switches_as_
             super().__init__()
             self.tables: list[tuple[str, list[str], list[list[str]], int | None]] = []
             self.metric_names: set[str] = set()
+            self.workers: list[tuple[float, float]] = []  # (num_workers, host_workers) per logging step
 
         def log_text(self, key: str, columns: list[str], data: list[list[str]], step: int | None = None) -> None:
             self.tables.append((key, columns, data, step))
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
             self.metric_names.update(metrics)
+            if "loadguard/host_workers" in metrics:
+                self.workers.append((metrics["loadguard/num_workers"], metrics["loadguard/host_workers"]))
 
         def log_hyperparams(self, *args: object, **kwargs: object) -> None:
             pass
@@ -640,6 +651,11 @@ def test_a_logger_with_log_text_gets_the_diagnosis_and_the_settings_switches_as_
     logged = {name for name in logger.metric_names if name.startswith("loadguard/")}
     assert {"loadguard/wait_fraction", "loadguard/num_workers", "loadguard/retunes"} <= logged, logged
     assert logged <= set(METRICS), logged - set(METRICS)
+    # docs/metrics.md: host_workers counts the loader's workers as it runs, the new count after a switch: on
+    # every logging step the setting logged beside it (a probe's among them), the decision's last.
+    assert logger.workers and {n for n, _ in logger.workers} != {1.0}, logger.workers  # not only the user's 1
+    assert all(host == workers for workers, host in logger.workers), logger.workers
+    assert logger.workers[-1][1] == guard.decision.num_workers, logger.workers
 
 
 class _CheapAfter(TimedDataset):
@@ -667,3 +683,277 @@ def test_producer_rate_is_over_the_last_four_windows_of_batches_made() -> None:
     # Sleeps overrun (most on a busy host) and a batch costs its collate too: only above, and by less than the
     # 6.1 ms that separates 4 windows from 5.
     assert expected <= busy_s < expected + 0.005, (busy_s, expected)
+
+
+class _Recorded(Logger):
+    """A logger that keeps, per ``log_metrics`` call, the step and the names it was given."""
+
+    name, version = "recorded", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, set[str]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, set(metrics)))
+
+    def log_hyperparams(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def steps_with(self, name: str) -> list[int | None]:
+        return [step for step, names in self.calls if name in names]
+
+    @property
+    def names(self) -> set[str]:
+        return {name for _, names in self.calls for name in names}
+
+
+def test_an_explicit_log_every_n_steps_is_taken_as_given() -> None:
+    # LoadGuard(log_every_n_steps=3) under a trainer logging every 50, with a window of 10 and 1 ms steps: not the
+    # trainer's 50, no half-window floor (it would make it 5), and no pacing (a logging step every 3 steps this
+    # short costs far more than 0.05 % of the time: paced, it would log every 24th). Logged after every 3rd
+    # step (indices 2, 5, 8, ...) and when the first window is full (index 9).
+    logger = _Recorded()
+    guard = LoadGuard(window=10, log_every_n_steps=3, print_summary=False)
+    trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=50, callbacks=[guard])
+    trainer.fit(TimedModule(0.001, record=False), timed_loader(TimedDataset(4 * 30), batch_size=4))
+    assert logger.steps_with("loadguard/wait_fraction") == [2, 5, 8, 9, 11, 14, 17, 20, 23, 26, 29]
+
+
+def test_without_auto_tune_the_decision_is_none_and_no_retunes_are_logged() -> None:
+    logger = _Recorded()
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    quiet_trainer(max_epochs=1, logger=logger, callbacks=[guard]).fit(
+        TimedModule(record=False), timed_loader(TimedDataset(40), batch_size=4)
+    )
+    assert "loadguard/wait_fraction" in logger.names  # it logged its figures
+    assert guard.decision is None
+    assert "loadguard/retunes" not in logger.names
+
+
+def _draining(snapshot: Any, *args: Any, **kwargs: Any) -> Any:
+    """A diagnosis that carries a draining alarm, whatever the window (the alarm is printed when logged)."""
+    from lightning_loadguard import Diagnosis, Finding
+    from lightning_loadguard.model.drain import DrainAlarm
+
+    alarm = DrainAlarm(drain_rate=0.25, level=6.0, steps_to_empty=24.0, source="buffer_level")
+    return Diagnosis("compute_bound", (Finding("compute_bound", 0.0, summary="Loader is fine."),), draining=alarm)
+
+
+@pytest.mark.parametrize("print_summary", [True, False])
+def test_print_summary_prints_the_diagnosis_the_alarm_and_the_summary_and_false_prints_nothing(
+    print_summary: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("lightning_loadguard.callback.diagnose", _draining)
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=print_summary)
+    _trainer(guard).fit(TimedModule(record=False), timed_loader(TimedDataset(40), batch_size=4))
+    printed = capsys.readouterr().out
+    assert guard.diagnosis is not None and guard.diagnosis.draining is not None  # there was something to print
+    if print_summary:
+        assert "LoadGuard after the first epoch" in printed
+        assert "LoadGuard: The prefetch buffer is draining at 0.25 batches/step" in printed
+        assert "LoadGuard summary" in printed
+    else:
+        assert "LoadGuard" not in printed, printed
+
+
+def test_only_global_rank_0_prints(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The same fit as above, printing, seen as global rank 1 of a distributed run.
+    monkeypatch.setattr("lightning_loadguard.callback.diagnose", _draining)
+    monkeypatch.setattr(Trainer, "global_rank", property(lambda self: 1))
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=True)
+    _trainer(guard).fit(TimedModule(record=False), timed_loader(TimedDataset(40), batch_size=4))
+    assert guard.diagnosis is not None and guard.metrics  # it measured and diagnosed
+    assert "LoadGuard" not in capsys.readouterr().out
+
+
+def test_filtering_loadguardwarning_silences_loadguard(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/api.md: warnings.filterwarnings("ignore", category=LoadGuardWarning).
+    import lightning_loadguard.meters.monitor as monitor_module
+    from lightning_loadguard import LoadGuardWarning
+
+    def broken(batch: Any) -> tuple[int, int]:
+        raise RuntimeError("cannot size this batch")
+
+    monkeypatch.setattr(monitor_module, "batch_layout", broken)
+
+    def said(ignore: bool) -> list[str]:
+        guard = LoadGuard(window=4, print_summary=False, log_every_n_steps=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if ignore:
+                warnings.filterwarnings("ignore", category=LoadGuardWarning)
+            _trainer(guard).fit(TimedModule(record=False), timed_loader(TimedDataset(16), 4))
+        return [str(w.message) for w in caught if "LoadGuard" in str(w.message)]
+
+    assert len(said(ignore=False)) == 1  # this fit warns
+    assert said(ignore=True) == []
+
+
+def test_the_summary_is_plain_text_without_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    _trainer(guard).fit(TimedModule(record=False), timed_loader(TimedDataset(40), batch_size=4))
+    drawn = guard.summary()
+    for name in ("rich", "rich.console", "rich.table", "rich.markdown"):
+        monkeypatch.setitem(sys.modules, name, None)
+    plain = guard.summary()
+
+    def box(text: str) -> set[str]:
+        return {c for c in text if "\u2500" <= c <= "\u257f" or c == "\x1b"}
+
+    assert box(drawn)  # rich is installed here and draws its boxes
+    assert not box(plain), sorted(box(plain))
+    labels = ("LoadGuard summary", "the loader can make", "the loop waits for data (whole run)")
+    assert all(label in drawn and label in plain for label in labels), plain
+
+
+@pytest.mark.parametrize(
+    ("logging_step_ms", "step_ms", "every"),
+    [
+        # The trainer logs every 50 steps; at 20 ms a step that is a second of training between its logging steps.
+        (0.49, 20.0, 50),  # 0.49 ms a second: 0.049 %, within 0.05 %: on each of the trainer's logging steps
+        (0.51, 20.0, 100),  # 0.051 %: on every 2nd
+        (1.2, 20.0, 150),  # 0.12 %: every 3rd (2.4, rounded up)
+        (3.4, 20.0, 350),  # 0.34 %: every 7th (6.8)
+        (4.4, 20.0, 400),  # 0.44 %: the 9th would be needed; at most every 8th
+        (2.0, 2.0, 400),  # 2 %: the 40th would be; every 8th
+    ],
+)
+def test_logging_is_thinned_to_a_share_of_five_hundredths_of_a_percent_but_at_most_to_every_8th(
+    logging_step_ms: float, step_ms: float, every: int
+) -> None:
+    """docs/metrics.md: logging takes at most 0.05 % of the training's time, on every k-th of the trainer's
+    logging steps, k at most 8. The cadence the pacing sets from a logging step's cost and the step period,
+    against the steps worked out by hand from those two figures."""
+    from types import SimpleNamespace
+
+    from lightning_loadguard.meters.ranks import rank_rows
+
+    guard = LoadGuard(window=100, print_summary=False)
+    trainer = SimpleNamespace(log_every_n_steps=50)
+    guard._every = guard._log_every(trainer)
+    assert guard._every == 50  # the trainer's, above half the window
+    figures = {"wait_fraction": 0.0, "data_wait_ms": 0.0, "step_ms": step_ms, "logging_step_ms": logging_step_ms}
+    guard._pace_logging(trainer, rank_rows(figures))
+    assert guard._every == every
+
+
+@pytest.mark.parametrize(
+    ("period_ms", "hooked_every"),
+    [
+        (20.0, 4),  # every 4th step
+        (12.6, 4),  # 4 steps last 50.4 ms: still every 4th
+        (12.4, 5),  # shorter than 12.5 ms: one step each 50 ms, 50 / 12.4 = 4.03 rounded up
+        (3.0, 17),  # 16.7 rounded up
+        (0.7, 72),  # 71.4 rounded up
+    ],
+)
+def test_the_step_hooks_run_on_every_4th_step_or_under_12_5_ms_on_one_step_each_50_ms(
+    period_ms: float, hooked_every: int
+) -> None:
+    """docs/troubleshooting.md and metrics.md: ``on_train_batch_start`` runs on every 4th step, and on steps
+    shorter than 12.5 ms on one step each 50 ms. Steps of a period set here (the loop's clock is the test's),
+    then the hooks rest: the fetches until they are back."""
+    guard = LoadGuard(window=1000, print_summary=False)
+    monitor = guard._monitor
+    period = period_ms / 1e3
+    monitor.fetch_started(0.0)
+    monitor.fetch_finished(0.0)
+    monitor.fetch_started(period)  # one step of that period, closed
+    monitor.fetch_finished(period)
+    assert monitor.total_steps == 1 and monitor.last_period_s == pytest.approx(period)
+    guard._rest_hooks(step=1)
+    assert "on_train_batch_start" in guard.__dict__  # resting
+    fetches, now = 0, period
+    while "on_train_batch_start" in guard.__dict__ and fetches < 200:
+        fetches += 1
+        now += period
+        guard._fetch_started(now)
+        monitor.fetch_finished(now)
+    assert fetches == hooked_every
+
+
+_WORKER_START_S = 0.3
+
+
+def _slow_worker_start(worker_id: int) -> None:
+    time.sleep(_WORKER_START_S)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_epoch_start_is_near_0_after_the_first_epoch_with_persistent_workers(persistent: bool) -> None:
+    """docs/metrics.md: ``epoch_start_ms`` is creating the epoch's iterator (starting the workers), near 0 with
+    ``persistent_workers=True`` after the first epoch. Each worker starts in 0.3 s (the test's own sleep)."""
+    from lightning.pytorch import Callback
+
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    starts_ms: list[float] = []
+
+    class AtEpochEnd(Callback):  # after LoadGuard's own epoch-end figures
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            starts_ms.append(guard.metrics["loadguard/epoch_start_ms"])
+
+    loader = DataLoader(
+        TimedDataset(32), batch_size=4, num_workers=2, worker_init_fn=_slow_worker_start, persistent_workers=persistent
+    )
+    quiet_trainer(max_epochs=2, callbacks=[guard, AtEpochEnd()]).fit(TimedModule(record=False), loader)
+    assert len(starts_ms) == 2
+    assert starts_ms[0] >= _WORKER_START_S * 1e3  # epoch 0 starts its workers either way
+    if persistent:
+        assert starts_ms[1] < 0.1 * _WORKER_START_S * 1e3, starts_ms  # the workers of epoch 0 go on
+    else:
+        assert starts_ms[1] >= _WORKER_START_S * 1e3, starts_ms
+
+
+def test_the_custom_scalars_layout_is_written_once_per_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/architecture.md: "the Custom Scalars layout once", however many epochs and logging steps.
+    from torch.utils.tensorboard import SummaryWriter
+
+    written: list[dict[str, Any]] = []
+    add = SummaryWriter.add_custom_scalars
+
+    def counted(writer: SummaryWriter, layout: dict[str, Any]) -> None:
+        written.append(layout)
+        add(writer, layout)
+
+    monkeypatch.setattr(SummaryWriter, "add_custom_scalars", counted)
+    guard = LoadGuard(window=4, log_every_n_steps=2, print_summary=False)
+    trainer = _trainer(guard, logger=TensorBoardLogger(tmp_path), max_epochs=3)
+    trainer.fit(TimedModule(record=False), timed_loader(TimedDataset(32), batch_size=4))
+    assert trainer.current_epoch == 3 and "loadguard/wait_fraction" in guard.metrics
+    assert len(written) == 1 and "LoadGuard" in written[0]
+
+
+def test_a_gather_that_raised_is_said_once_and_tried_again_at_the_next_logging_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/architecture.md: a gather that raised is tried again at the next logging step (never switched off: a
+    # rank that left the collective alone would leave the others waiting in it).
+    from types import SimpleNamespace
+
+    from lightning_loadguard import LoadGuardWarning, _lightning
+    from lightning_loadguard.meters.ranks import FIELDS
+
+    calls: list[int] = []
+
+    def gather_rows(trainer: Any, row: list[float]) -> list[list[float]]:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("the peer went away")
+        return [list(row), list(row)]  # two ranks
+
+    monkeypatch.setattr(_lightning, "gather_rows", gather_rows)
+    guard = LoadGuard(window=4, print_summary=False)
+    trainer = SimpleNamespace(world_size=2)
+    row = [0.0] * len(FIELDS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = guard._gathered(trainer, row)
+        second = guard._gathered(trainer, row)
+        third = guard._gathered(trainer, row)
+    assert first is None and calls == [0, 1, 2]
+    assert second is not None and third is not None and len(second["wait_fraction"]) == 2
+    said = [str(w.message) for w in caught if issubclass(w.category, LoadGuardWarning)]
+    assert len(said) == 1 and "gathering the ranks' figures failed (RuntimeError: the peer went away)" in said[0]

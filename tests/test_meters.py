@@ -80,6 +80,25 @@ def test_the_loops_wait_for_a_core_is_read_on_the_first_fetch_of_each_interval(
     assert {q for q in queued if q == q} == {1.0}  # each read pair: start, then end of the same fetch
 
 
+def test_the_monitor_reads_the_loops_wait_for_a_core_on_the_first_fetch_of_each_20_ms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/troubleshooting.md: the loop's wait for a core during a fetch is read on the first fetch of each
+    20 ms. Fetches every 0.7 ms on the test's clock: read on the first, then on the first 20 ms or more after
+    the last read (at 20.3 ms, 40.6 ms, 60.9 ms): fetches 0, 29, 58 and 87. An interval of 19.6 ms or less, or
+    of 20.3 ms or more, reads others."""
+    monkeypatch.setattr("lightning_loadguard.meters.consumer._queued_seconds", lambda: 0.0)  # any host
+    monitor = LoaderMonitor(window=128)
+    start = 1000.0
+    for i in range(90):
+        monitor.fetch_started(start + i * 0.0007)
+        monitor.fetch_finished(start + i * 0.0007 + 0.0001)
+    monitor.close_step(start + 90 * 0.0007)
+    queued_s = monitor.snapshot().wait_queued_s
+    assert len(queued_s) == 90
+    assert [i for i, q in enumerate(queued_s) if q == q] == [0, 29, 58, 87]  # the others are NaN
+
+
 @pytest.mark.parametrize("interval", [-0.01, math.nan])
 def test_the_consumer_meter_rejects_a_bad_core_wait_interval(interval: float) -> None:
     with pytest.raises(ValueError, match="core_wait_interval_s"):
@@ -467,6 +486,17 @@ def test_the_host_override_names_the_host_and_refuses_bad_values() -> None:
         with pytest.raises(ValueError, match=f"^{HOST_KEY_ENV}=") as err:
             host_key({HOST_KEY_ENV: bad})
         assert "unset it" in str(err.value)
+
+
+def test_the_host_override_accepts_1_to_255_of_letters_digits_and_the_four_marks() -> None:
+    # docs/metrics.md: 1 to 255 letters, digits, ".", "_", ":" or "-", starting with a letter or digit; the
+    # refusals (256 characters, a leading "-", a space, ...) are above.
+    for good in ("a", "7", "x" * 255, "Node_7.rack:2-b", "9-a.b_c:d"):
+        assert host_name({HOST_KEY_ENV: good}) == good
+        assert host_key({HOST_KEY_ENV: good}) == host_key({HOST_KEY_ENV: good})
+    for bad in ("_node", ".node", ":node", "x" * 256):
+        with pytest.raises(ValueError, match=f"^{HOST_KEY_ENV}="):
+            host_key({HOST_KEY_ENV: bad})
 
 
 def test_a_bad_host_override_stops_the_fit_before_it_changes_anything(monkeypatch: pytest.MonkeyPatch) -> None:
