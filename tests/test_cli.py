@@ -185,6 +185,16 @@ def test_report_plot_without_matplotlib_exits_1_naming_the_extra(
     assert not target.exists()
 
 
+def test_an_interrupted_command_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/api.md: 130 when interrupted (Ctrl-C), as a shell reports it, without a traceback."""
+
+    def interrupted(args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_report_command", interrupted)
+    assert cli.main(["report", str(tmp_path)]) == 130
+
+
 def test_plot_without_matplotlib_names_the_package(
     logdir: tuple[Path, dict[str, float]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

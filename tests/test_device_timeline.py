@@ -8,6 +8,7 @@ same quantity, and that it is wrong on an asynchronous device.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -363,6 +364,15 @@ def _fit(
     clock = LoopClock()
     quiet_trainer(max_epochs=1, callbacks=[*before, guard, *extra, clock]).fit(module, loader)
     return guard, 1.0 - kernel_s / clock.period(12)
+
+
+def test_with_a_device_timeline_the_transfer_is_timed_on_every_step() -> None:
+    """docs/metrics.md: on an accelerator's timeline ``transfer_ms`` is timed on every step (the host's view times it
+    on a sample of steps)."""
+    guard, _ = _fit(SimDevice(), 0.01, 0.005)
+    transfers = guard.snapshot.transfer_s
+    assert len(transfers) == 12, transfers
+    assert not any(math.isnan(t) for t in transfers), transfers
 
 
 def test_trainer_with_a_simulated_device_measures_the_loaders_idle_on_the_device() -> None:

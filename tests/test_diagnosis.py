@@ -12,7 +12,7 @@ from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowS
 from lightning_loadguard.model import Diagnosis, diagnose
 from lightning_loadguard.model.buffer import simulate_buffer
 from lightning_loadguard.model.capacity import PREFETCH_TOLERANCE
-from lightning_loadguard.model.drain import drain_from_levels
+from lightning_loadguard.model.drain import DrainAlarm, drain_from_levels
 
 _BIG_HOST = HostFacts(cpu_count=32)
 
@@ -361,6 +361,35 @@ def test_findings_of_equal_severity_are_ordered_as_the_verdict_table(monkeypatch
 
 
 # -- docs/verdicts.md: what a finding's severity is, checked against figures worked out by hand ------------------
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "where"),
+    [(True, "move augmentation to the accelerator"), (False, "augmentation on whole batches in the training step")],
+)
+def test_a_deficit_the_host_cannot_staff_says_where_augmentation_can_go_on_this_machine(
+    accelerator: bool, where: str
+) -> None:
+    # 0.5 s a batch against a 0.1 s step needs 6 workers; 2 cores allow one.
+    snap = _simulated([0.5], 0.1, workers=1, host=HostFacts(cpu_count=2), accelerator=accelerator)
+    finding = diagnose(snap).finding("producer_deficit")
+    assert finding is not None and "cannot give the 6 workers needed" in finding.fix, finding
+    assert where in finding.fix, finding.fix
+
+
+def test_the_diagnosis_tells_something_new_when_a_count_changes_not_when_only_its_figures_move() -> None:
+    """docs/verdicts.md: the text is logged again when the verdicts, the recommended settings, a count among the
+    evidence or a draining alarm change (``Diagnosis.key``), not on every window's new figures."""
+    needs_6 = diagnose(_simulated([0.5], 0.1, workers=2))
+    also_6 = diagnose(_simulated([0.49], 0.1, workers=2))  # 0.49 x 10 x 1.2 = 5.9: still 6 workers
+    needs_7 = diagnose(_simulated([0.55], 0.1, workers=2))  # 6.6: 7 workers
+    assert [d.findings[0].evidence["workers_needed"] for d in (needs_6, also_6, needs_7)] == [6, 6, 7]
+    assert needs_6.findings[0].severity != also_6.findings[0].severity  # the figures moved
+    assert needs_6.key() == also_6.key()
+    assert needs_6.key() != needs_7.key()
+    assert needs_6.draining is None
+    alarmed = replace(needs_6, draining=DrainAlarm(0.25, 6.0, 24.0, "buffer_level"))
+    assert alarmed.key() != needs_6.key()
 
 
 def test_a_deficits_severity_is_the_share_of_loop_time_its_steady_wait_takes() -> None:

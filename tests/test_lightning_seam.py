@@ -348,3 +348,38 @@ def test_the_internals_read_during_a_fit_exist_in_the_installed_lightning() -> N
     release = tuple(int(part) for part in pl.__version__.split(".")[:2])
     assert seen["is_resuming"] == (release >= (2, 6)), pl.__version__
     assert seen["iteration_based"] is False  # max_epochs, not max_steps
+
+
+def test_the_not_resumable_warning_is_silenced_by_its_text_until_restored_and_no_other_is() -> None:
+    """docs/architecture.md: ``silence_not_resumable_warning`` matches Lightning's warning by its text: that warning
+    is hidden until the returned function restores the filters, another warning never is."""
+    text = _lightning.NOT_RESUMABLE_WARNING + " not resumable ..."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restore = _lightning.silence_not_resumable_warning()
+        warnings.warn(text, UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+        restore()
+        warnings.warn(text, UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another warning", text]
+
+
+def test_lightnings_loader_patches_left_in_place_are_undone() -> None:
+    """docs/architecture.md: ``restore_loader_classes`` puts back what Lightning's loader-building context managers
+    saved as ``__old__init__`` (and the like) where a fault left their patch in place, on subclasses too."""
+
+    class Subclass(torch.utils.data.DataLoader):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+
+    classes = (torch.utils.data.DataLoader, Subclass)
+    originals = {cls: cls.__dict__.get("__init__") for cls in classes}
+    for cls in classes:
+        saved = cls.__dict__["__init__"]
+        cls.__old__init__ = saved  # type: ignore[attr-defined]
+        cls.__init__ = lambda self, *a, **k: None  # type: ignore[method-assign]
+    _lightning.restore_loader_classes()
+    for cls in classes:
+        assert cls.__dict__.get("__init__") is originals[cls], cls
+        assert "__old__init__" not in cls.__dict__, cls
+    assert Subclass(list(range(4)), batch_size=2).batch_size == 2
