@@ -132,3 +132,25 @@ class MadeBy:
     def __call__(self, samples: list[Any]) -> list[Any]:
         info = get_worker_info()
         return [*self.collate(samples), torch.tensor(info.num_workers if info is not None else 0)]
+
+
+WORKER_LOG_ENV = "LOADGUARD_TEST_WORKER_LOG"
+"""The file ``record_worker_start`` appends to (an environment variable: a spawned worker inherits it)."""
+
+parent_mark: bool = False
+"""Set in the training process before a fit: a forked worker inherits it, a spawned one imports this module anew."""
+
+
+def record_worker_start(worker_id: int) -> None:
+    """A ``worker_init_fn``: appends the worker's pid, start method and whether it inherited ``parent_mark``."""
+    import json
+    import multiprocessing
+    import os
+
+    line = {
+        "pid": os.getpid(),
+        "method": multiprocessing.get_start_method(allow_none=True),
+        "inherited": parent_mark,
+    }
+    with open(os.environ[WORKER_LOG_ENV], "a") as f:
+        f.write(json.dumps(line) + "\n")

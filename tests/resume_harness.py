@@ -350,7 +350,11 @@ def run(
 
 def main() -> None:
     case = json.loads(sys.argv[1])
-    run(case, ckpt_out=case.get("ckpt_out"), ckpt_in=case.get("ckpt_in"), log=case["log"])
+    _, data, trainer = run(case, ckpt_out=case.get("ckpt_out"), ckpt_in=case.get("ckpt_in"), log=case["log"])
+    if case.get("seed_out"):  # the seed this rank's position holds, for the test to compare over ranks
+        position = data.loader_position
+        assert position is not None
+        Path(f"{case['seed_out']}.rank{trainer.global_rank}").write_text(json.dumps(position.seed))
 
 
 if __name__ == "__main__":

@@ -102,3 +102,92 @@ def test_the_core_never_imports_an_adapter() -> None:
             assert not (_imports(path, names) & adapters), path
             source = path.read_text()
             assert "import lightning" not in source and "pytorch_lightning" not in source, path
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _defined_at_top_level(path: Path) -> set[str]:
+    """The names a module binds at its top level: assignments, classes and functions."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+# docs/architecture.md: each fact has one home.
+HOMES = {
+    "LoaderSettings": "meters/settings.py",
+    "SWITCHABLE": "meters/settings.py",
+    "DEFAULT_PREFETCH": "meters/settings.py",
+    "RAM_BUDGET_SHARE": "model/budget.py",
+    "SHM_BUDGET_SHARE": "model/budget.py",
+    "VERDICTS": "model/findings.py",
+    "METRICS": "dashboard.py",
+}
+
+
+def test_each_fact_is_defined_in_its_one_home() -> None:
+    defined_in: dict[str, list[str]] = {name: [] for name in HOMES}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _defined_at_top_level(path) & set(HOMES):
+            defined_in[name].append(_relative(path))
+    assert defined_in == {name: [home] for name, home in HOMES.items()}
+
+
+def _calls(path: Path, name: str) -> list[ast.Call]:
+    """Calls of ``name`` in a module, as ``name(...)`` or ``something.name(...)``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if called == name:
+                found.append(node)
+    return found
+
+
+def _iter_not_over_a_dict(path: Path) -> list[str]:
+    """The builtin ``iter()`` calls of a module whose argument is not a dict's ``values()``, ``keys()`` or
+    ``items()``, as ``line: call``."""
+    listed = []
+    for call in _calls(path, "iter"):
+        if not isinstance(call.func, ast.Name):
+            continue
+        argument = call.args[0] if call.args else None
+        over_a_dict = (
+            isinstance(argument, ast.Call)
+            and isinstance(argument.func, ast.Attribute)
+            and argument.func.attr in ("values", "keys", "items")
+        )
+        if not over_a_dict:
+            listed.append(f"{call.lineno}: {ast.unparse(call)}")
+    return listed
+
+
+def test_only_restart_iterator_makes_a_loader_iterator_mid_fit() -> None:
+    # docs/architecture.md: restart_iterator (position/switch.py) is the one way to restart a loader. torch's
+    # iterator constructor (_torch.new_iterator) is called there only; outside position/ (the order's samplers
+    # and taps), iter() is called only on a dict's values, keys or items, never on a loader.
+    callers = sorted(_relative(p) for p in PACKAGE.rglob("*.py") if _calls(p, "new_iterator"))
+    assert callers == ["position/switch.py"]
+    outside_position = [p for p in sorted(PACKAGE.rglob("*.py")) if not _relative(p).startswith("position/")]
+    listed = {_relative(p): calls for p in outside_position if (calls := _iter_not_over_a_dict(p))}
+    assert listed == {}
+
+
+def test_the_restart_rule_finds_what_it_is_meant_to_find(tmp_path: Path) -> None:
+    # The rule above is not vacuous: it sees the datamodule's iter() over a dict's values (and lets it pass), and
+    # lists a module calling iter() on a loader or torch's constructor.
+    assert [ast.unparse(c) for c in _calls(PACKAGE / "datamodule.py", "iter")] == ["iter(loaded.loaders.values())"]
+    assert _iter_not_over_a_dict(PACKAGE / "datamodule.py") == []
+    module = tmp_path / "restarts.py"
+    module.write_text("it = iter(trainer.train_dataloader)\nother = _torch.new_iterator(loader)\n")
+    assert _iter_not_over_a_dict(module) == ["1: iter(trainer.train_dataloader)"]
+    assert len(_calls(module, "new_iterator")) == 1

@@ -1,12 +1,14 @@
 """What docs/loaders.md says of the data libraries beyond its tables, each claim against the library itself.
 
 WebDataset resumed mid-epoch without the mixin (Lightning goes on), and with it under DDP (refused on every
-rank, as with one); litdata's ``StreamingDataLoader`` left in restore mode without the mixin; the start method
+rank, as with one); litdata's ``StreamingDataLoader`` left in restore mode without the mixin;
+torchdata's ``StatefulDataLoader`` resumed by its own state without the mixin (docs/resume.md); the start method
 ``litdata.optimize`` leaves behind; WebDataset's default ``nodesplitter`` with more than one rank.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -20,7 +22,7 @@ from loader_libraries import build_loader, installed, iterate
 from pipelines import quiet_trainer
 from programs import run_program
 from resume_chain import NOT_RESUMABLE
-from resume_harness import Recorder, case_trainer
+from resume_harness import Recorder, case_trainer, run
 from test_loader_libraries import _run_chains
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -182,6 +184,53 @@ def test_litdata_resumed_without_the_mixin_repeats_the_resumed_epochs_rest_then_
         assert resumed.by_epoch[epoch] == full.by_epoch[epoch - 1] != full.by_epoch[epoch], epoch
 
 
+# -- torchdata's StatefulDataLoader without the mixin ----------------------------------------------------------
+
+needs_torchdata = pytest.mark.skipif(importlib.util.find_spec("torchdata") is None, reason="torchdata is not installed")
+# 20 samples, batch 4, shuffled: 5 batches an epoch; global step 5 is epoch 0's last batch.
+STATEFUL_CASE = {"n": 20, "batch_size": 4, "epochs": 2, "sampler": "stateful_loader", "shape": "without_mixin"}
+
+
+def _stateful_loader_resumed(stop_kind: str, stop_at: int, tmp_path: Path) -> tuple[list[int], list[int], Any]:
+    """(the uninterrupted fit's indices, the resumed fit's indices, its trainer): a StatefulDataLoader over a
+    map-style dataset resumed by its own state, which Lightning saves and restores; every fit starts from the same
+    global seed, as one calling ``seed_everything(0)`` would."""
+    torch.manual_seed(0)
+    full, _, _ = run(STATEFUL_CASE)
+    ckpt = str(tmp_path / "stateful.ckpt")
+    torch.manual_seed(0)
+    before, _, _ = run(dict(STATEFUL_CASE, stop_kind=stop_kind, stop_at=stop_at), ckpt_out=ckpt)
+    assert before.seen == full.seen[:20]
+    torch.manual_seed(0)
+    after, _, trainer = run(STATEFUL_CASE, ckpt_in=ckpt)
+    return full.seen, after.seen, trainer
+
+
+@needs_torchdata
+def test_stateful_dataloader_resumed_by_its_state_after_a_last_batch_checkpoint_trains_an_empty_epoch(
+    tmp_path: Path,
+) -> None:
+    # docs/resume.md, the StatefulDataLoader row: the loader's state, taken on epoch 0's last batch, says that
+    # epoch is done; the resumed fit's epoch 1 gets no batch, and the fit ends at max_epochs.
+    full, after, trainer = _stateful_loader_resumed("step", 5, tmp_path)
+    assert len(full) == 40
+    assert after == []
+    assert trainer.state.finished and trainer.current_epoch == STATEFUL_CASE["epochs"]
+
+
+@needs_torchdata
+def test_stateful_dataloader_resumed_by_its_state_after_an_epoch_end_checkpoint_trains_another_order(
+    tmp_path: Path,
+) -> None:
+    # docs/resume.md: at an epoch-end checkpoint the resumed epoch 1 holds every sample once, but not in the
+    # order the uninterrupted fit trained it: drawn again from the resumed process's random state, so from the
+    # same global seed it is epoch 0's order again.
+    full, after, _ = _stateful_loader_resumed("epoch_end", 0, tmp_path)
+    assert sorted(after) == list(range(20))
+    assert after != full[20:]
+    assert after == full[:20]
+
+
 # -- litdata.optimize and the start method --------------------------------------------------------------------
 
 OPTIMIZE = """
@@ -211,6 +260,45 @@ def test_litdata_optimize_sets_the_process_wide_start_method(tmp_path: Path) -> 
     methods = json.loads(done.stdout.strip().splitlines()[-1])
     # Importing litdata leaves fork set: spawn is optimize's doing.
     assert methods[0] != "spawn" and methods[1:] == ["spawn", "forkserver"], methods
+
+
+TRAIN_AFTER_OPTIMIZE = """
+import json, os, sys, warnings
+import litdata, torch
+import loader_fixtures
+from lightning_loadguard.synthetic import TimedModule
+from loader_libraries import _litdata_sample
+from pipelines import quiet_trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+root = sys.argv[1]
+os.environ[loader_fixtures.WORKER_LOG_ENV] = f"{root}/workers.jsonl"
+litdata.optimize(fn=_litdata_sample, inputs=list(range(8)), output_dir=f"{root}/out", chunk_size=4, num_workers=1)
+loader_fixtures.parent_mark = True
+data = TensorDataset(torch.arange(16), torch.zeros(16, 16))
+loader = DataLoader(data, batch_size=4, num_workers=1, worker_init_fn=loader_fixtures.record_worker_start)
+warnings.simplefilter("ignore")
+quiet_trainer(max_epochs=2).fit(TimedModule(), loader)
+print(json.dumps({"parent": os.getpid()}))
+"""
+
+
+@pytest.mark.slow
+@needs_litdata
+def test_after_litdata_optimize_a_fit_spawns_its_non_persistent_workers_at_every_epoch(tmp_path: Path) -> None:
+    # docs/loaders.md: after litdata.optimize (no start_method) a training run in the same process starts its
+    # DataLoader workers with spawn, each importing everything again, at every epoch unless they are persistent.
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    tests = Path(__file__).parent
+    done = run_program(["-c", TRAIN_AFTER_OPTIMIZE, tmp_path], timeout=300, env=env, cwd=tests)
+    assert done.returncode == 0, done.stderr[-4000:]
+    parent = json.loads(done.stdout.strip().splitlines()[-1])["parent"]
+    starts = [json.loads(line) for line in (tmp_path / "workers.jsonl").read_text().splitlines()]
+    assert len(starts) == 2, starts  # one worker, started once per epoch
+    assert len({s["pid"] for s in starts} | {parent}) == 3
+    # Spawned: started by spawn, and without the mark the training process set before the fit (a forked
+    # worker inherits the parent's memory; a spawned one imported the module again).
+    assert [(s["method"], s["inherited"]) for s in starts] == [("spawn", False), ("spawn", False)]
 
 
 # -- WebDataset's default nodesplitter ------------------------------------------------------------------------

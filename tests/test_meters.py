@@ -8,13 +8,15 @@ import os
 import pickle
 import socket
 import time
+import warnings
 from dataclasses import replace
 from statistics import fmean
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from pipelines import ClockedDataset, clocked_collate
+from pipelines import ClockedDataset, clocked_collate, quiet_trainer
 from torch.utils.data import DataLoader
 
 import lightning_loadguard.meters.producer as producer_module
@@ -640,3 +642,37 @@ def test_a_step_whose_copy_was_not_timed_reads_nan_and_the_mean_leaves_it_out() 
     snapshot = WindowSnapshot(wait_s=columns.wait_s, step_s=columns.step_s, transfer_s=columns.transfer_s)
     assert snapshot.mean_transfer_s == pytest.approx(0.002)
     assert WindowSnapshot(wait_s=(0.01,), step_s=(0.02,), transfer_s=(math.nan,)).mean_transfer_s == 0.0
+
+
+class _HoldsAnArray(torch.utils.data.Dataset):
+    """Sample ``i`` is ``(i, 16 zeros)``, whatever array the dataset holds besides (a worker's copy of it)."""
+
+    def __init__(self, n: int, held_bytes: int) -> None:
+        self.n = n
+        self.held = np.ones(held_bytes, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(i), torch.zeros(16)
+
+
+def test_the_inflight_host_count_holds_batches_not_the_workers_copies_of_the_dataset() -> None:
+    # docs/concepts.md: worker copies of the dataset are not in the host counts. Two fits with the same loader
+    # settings and batch size, over a dataset holding 50 MB and one holding 1 byte: the same in-flight figure,
+    # batches in flight x the batch's bytes (the test's own count: 2 workers x prefetch 2, batches of 8 samples,
+    # each an int64 index and 16 float32 zeros).
+    from lightning_loadguard.synthetic import TimedModule
+
+    batch_bytes = 8 * 8 + 8 * 16 * 4
+    figures = []
+    for held in (50_000_000, 1):
+        guard = LoadGuard(window=4, print_summary=False)
+        trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
+        loader = DataLoader(_HoldsAnArray(64, held), batch_size=8, num_workers=2, prefetch_factor=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(TimedModule(), loader)
+        figures.append(guard.metrics["loadguard/inflight_host_mb"])
+    assert figures[0] == figures[1] == pytest.approx(2 * 2 * batch_bytes / 1e6)

@@ -97,3 +97,23 @@ def test_sigkill_after_a_checkpoint_resumes_from_it(tmp_path: Path) -> None:
     after, _, _ = run(case, ckpt_in=str(ckpt))
     full, _, _ = run(case)
     assert before + after.seen == full.seen
+
+
+@pytest.mark.slow
+def test_without_loader_seed_or_pl_global_seed_rank_0s_drawn_seed_is_every_ranks(tmp_path: Path) -> None:
+    # docs/resume.md: with neither loader_seed nor PL_GLOBAL_SEED, rank 0 draws the seed and broadcasts it. Each
+    # rank drawing its own would shard two different permutations: the ranks' shards of an epoch would then
+    # repeat some samples and miss others.
+    env = {k: v for k, v in os.environ.items() if k != "PL_GLOBAL_SEED"}
+    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    case = dict(BASE, **DDP, seed=None, log=str(tmp_path / "run"), seed_out=str(tmp_path / "seed"))
+    proc = run_program([HARNESS, json.dumps(case)], timeout=120, env=env, cwd=HARNESS.parent)
+    _ok(proc)
+    seeds = [json.loads(Path(f"{tmp_path / 'seed'}.rank{r}").read_text()) for r in range(2)]
+    assert seeds[0] == seeds[1]
+    assert seeds[0] != BASE["seed"]  # drawn, not the base case's loader_seed
+    seen = [_read(tmp_path / "run", r) for r in range(2)]
+    assert len(seen[0]) == len(seen[1]) == 2 * 12
+    for epoch in range(2):
+        union = [i for r in range(2) for i in seen[r][epoch * 12 : (epoch + 1) * 12]]
+        assert sorted(union) == list(range(24)), f"epoch {epoch}: the ranks' shards must form one permutation"

@@ -245,3 +245,35 @@ def test_loader_position_is_the_consumers_place_and_what_the_checkpoint_stores(t
     assert position is not None and (position.epoch, position.batches_consumed) == (1, 2)  # 5 + 2 steps of 4
     stored = torch.load(ckpt, weights_only=False)["Data"][STATE_KEY]
     assert position == LoaderPosition.from_state_dict(stored)
+
+
+def test_an_inexact_resume_without_the_position_takes_lightnings_batch_idx_as_its_count(tmp_path: Path) -> None:
+    # docs/resume.md: from a checkpoint without the mixin's position the batch_idx check is skipped, and the mixin
+    # counts from Lightning's batch_idx. Saved at global step 7 (epoch 1, 2 batches in), position dropped; the
+    # opted-out resume trains one batch (step 8) and saves again: the loader restarted epoch 1, so the dataset
+    # gave that step the order's batch 0, while Lightning counts 3 batches of epoch 1 done.
+    ckpt, old, new = _mid_epoch_checkpoint(BASE, tmp_path, at=7), str(tmp_path / "old.ckpt"), str(tmp_path / "n.ckpt")
+    _drop_position(ckpt, old)
+    full, _, _ = run(BASE)
+    inexact, _, _ = run(dict(BASE, allow_inexact=True, stop_kind="step", stop_at=8), ckpt_in=old, ckpt_out=new)
+    assert inexact.seen == full.seen[20:24]
+    stored = torch.load(new, weights_only=False)["Data"][STATE_KEY]
+    assert (stored["epoch"], stored["batches_consumed"]) == (1, 3)
+    # Resumed from that count, the run trains the order's batches 3 and 4: batches 1 and 2 are never trained,
+    # which only a count taken from Lightning (not from the batches the loader gave) leaves out.
+    after, _, _ = run(BASE, ckpt_in=new)
+    assert after.seen == full.seen[32:40]
+
+
+def test_an_inexact_resume_without_the_position_finishes_its_epoch_then_trains_the_next_in_order(
+    tmp_path: Path,
+) -> None:
+    # The same opted-out resume run to the end of a third epoch: no PositionMismatchError from the batch_idx check
+    # (Lightning's batch_idx starts at 2 while the loader restarted), epoch 1's 3 remaining steps get the order's
+    # first 3 batches, and epoch 2, counted by the mixin from its start, is the uninterrupted run's.
+    case = dict(BASE, epochs=3)
+    ckpt, old = _mid_epoch_checkpoint(case, tmp_path, at=7), str(tmp_path / "old.ckpt")
+    _drop_position(ckpt, old)
+    full, _, _ = run(case)
+    after, _, _ = run(dict(case, allow_inexact=True), ckpt_in=old)
+    assert after.seen == full.seen[20:32] + full.seen[40:60]
