@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from lightning_loadguard.callback import LoadGuard
-from lightning_loadguard.meters.settings import settings_of
+from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.tuning.session import TuningSession
 
@@ -22,9 +24,14 @@ def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapsho
     # Watching a decision a resumed fit applied, the session has no planner: the loader runs the setting.
     setting = self._planner.current if self._planner is not None else settings_of(self._loader)
     steps = self._window_steps if self._planner is not None else self._watch_steps
-    production, step = 0.012, 0.004
+    return window_of(setting, steps, production=0.012)
+
+
+def window_of(setting: LoaderSettings, steps: int, production: float) -> WindowSnapshot:
+    """``steps`` steps of 4 ms where each worker of ``setting`` makes a batch in ``production`` seconds."""
+    step = 0.004
     period = step + production if setting.num_workers == 0 else max(step, production / setting.num_workers)
-    window = WindowSnapshot(
+    return WindowSnapshot(
         wait_s=(period - step,) * steps,
         step_s=(step,) * steps,
         production_s=(production,) * steps,
@@ -32,7 +39,6 @@ def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapsho
         host=HostFacts(cpu_count=8),
         batches_made=steps,
     )
-    return window
 
 
 def moved_to_workers(guard: LoadGuard | None) -> bool:
@@ -43,3 +49,23 @@ def moved_to_workers(guard: LoadGuard | None) -> bool:
 
 def order_notes(guard: LoadGuard) -> list[str]:
     return [note for note in guard._said if ORDER_NOTE in note]
+
+
+class HeavierWhenTold:
+    """Scripted windows (as :func:`scripted_window`) whose batches cost ``light_s`` a worker (6 ms: two workers keep
+    up with the 4 ms step), and ``heavy_s`` (24 ms: six do) once :attr:`heavy` is set: a heavier data phase after
+    the decision, which the watch finds and a re-tune probes, alike in every run. While the decision is watched,
+    the window is the setting the loader runs."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, light_s: float = 0.006, heavy_s: float = 0.024) -> None:
+        self.heavy, self.light_s, self.heavy_s = False, light_s, heavy_s
+        script = self
+
+        def measured(session: TuningSession, port: Any, start: Any) -> WindowSnapshot:
+            production = script.heavy_s if script.heavy else script.light_s
+            if session._active and session._planner is not None:
+                return window_of(session._planner.current, session._window_steps, production)
+            assert session._loader is not None
+            return window_of(settings_of(session._loader), session._watch_steps, production)
+
+        monkeypatch.setattr(TuningSession, "_measured", measured)

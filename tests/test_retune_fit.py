@@ -13,7 +13,8 @@ import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from pipelines import quiet_trainer
-from torch.utils.data import DataLoader, Dataset
+from scripted_tuning import HeavierWhenTold
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from lightning_loadguard import LoadGuardWarning, ResumableLoaderMixin
 from lightning_loadguard._lightning import pl
@@ -332,3 +333,185 @@ def test_a_loader_rebuilt_each_epoch_is_watched_again_and_probed_again() -> None
     seen, guard, _ = _fit(OPTIONS, heavy_from=1, epochs=4, reload=1)
     assert seen == untuned
     assert guard.decision is not None and guard.decision.retunes >= 1, guard.decision
+
+
+# -- re-tunes on scripted windows: which batches each setting made, from the batches themselves ------------------
+
+SCRIPTED_LENGTH = 1200  # 300 steps an epoch: the rest of the epoch after the first decision holds a re-tune
+SCRIPTED_OPTIONS = TuneOptions(warmup_steps=2, window_steps=8, max_workers=8, tune_persistent_workers=False)
+
+
+class MadeUnder(Dataset):
+    """Samples carrying the ``num_workers`` and ``prefetch_factor`` of the iterator whose worker made them (0 and 0:
+    the training process), read in the worker from the loader as it was when that iterator forked it; once
+    ``failing`` is set (shared memory, seen by live workers), a worker under any count but ``kept`` raises."""
+
+    def __init__(self, length: int = SCRIPTED_LENGTH) -> None:
+        self.length = length
+        self.loader: DataLoader | None = None
+        context = multiprocessing.get_context("fork")
+        self.failing, self.kept = context.Value("b", 0), context.Value("i", -1)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        info = get_worker_info()
+        workers = info.num_workers if info is not None else 0
+        if self.failing.value and workers != self.kept.value:
+            raise RuntimeError(f"simulated: a worker failed under num_workers={workers}")
+        prefetch = self.loader.prefetch_factor if info is not None and self.loader is not None else 0
+        x = torch.zeros(16)
+        x[0], x[1] = float(workers), float(prefetch or 0)
+        return torch.tensor(index), x
+
+
+class Phases(pl.Callback):
+    """Tells the scripted windows the data got heavier on the step the first decision appears; records, per step
+    trained, the (num_workers, prefetch_factor) that made its batch (the batches' own record), the step the
+    console said a re-tune began and the step its decision appeared; with ``fail_after_retune``, makes every
+    count but the first decision's fail from the step after the re-tune's decision."""
+
+    def __init__(self, guard: LoadGuard, script: HeavierWhenTold, dataset: MadeUnder, fail_after_retune: bool) -> None:
+        self.guard, self.script, self.dataset, self.fail_after_retune = guard, script, dataset, fail_after_retune
+        self.made: list[tuple[int, int]] = []
+        self.first: Any = None
+        self.first_at: int | None = None  # steps trained when the first decision appeared
+        self.began_at: int | None = None  # steps trained when the console said the re-tune began
+        self.retuned: Any = None
+        self.retuned_at: int | None = None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        made = {(int(w), int(p)) for w, p in batch[1][:, :2].tolist()}
+        assert len(made) == 1, made
+        self.made.append(made.pop())
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        decision, steps = self.guard.decision, len(self.made)
+        if decision is not None and self.first is None:
+            self.first, self.first_at = decision, steps
+            self.script.heavy = True
+            self.dataset.kept.value = decision.num_workers
+        if self.began_at is None and any("auto-tuning probes again" in said for said in self.guard._said):
+            self.began_at = steps
+        if decision is not None and decision.retunes and self.retuned is None:
+            self.retuned, self.retuned_at = decision, steps
+            if self.fail_after_retune:
+                self.dataset.failing.value = 1
+
+
+def _scripted_retune(
+    monkeypatch: pytest.MonkeyPatch, *, fail_after_retune: bool = False, epochs: int = 1, length: int = SCRIPTED_LENGTH
+) -> tuple[list[int], LoadGuard, Phases, Any]:
+    """A fit of :class:`MadeUnder` (4 per batch, one worker, shuffled) whose scripted data phase gets heavier when
+    the first decision appears: the watch finds it three logging windows later and the tuner probes again."""
+    script = HeavierWhenTold(monkeypatch)
+    pl.seed_everything(5, verbose=False)
+    dataset = MadeUnder(length)
+    loader = dataset.loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
+    guard = LoadGuard(print_summary=False, auto_tune=SCRIPTED_OPTIONS, log_every_n_steps=10)
+    phases = Phases(guard, script, dataset, fail_after_retune)
+    module = TimedModule(step_s=0.0)
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard, phases])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader)
+    return module.seen, guard, phases, trainer
+
+
+def _untuned_order(epochs: int = 1, length: int = SCRIPTED_LENGTH) -> list[int]:
+    pl.seed_everything(5, verbose=False)
+    dataset = MadeUnder(length)
+    module = TimedModule(step_s=0.0)
+    trainer = quiet_trainer(max_epochs=epochs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1))
+    return module.seen
+
+
+def _probed_again_by_the_batches(phases: Phases) -> list[tuple[int, int]]:
+    """The settings that made the batches trained while the re-tune probed (from the step the console said it
+    began to the step its decision appeared), by the batches' own record."""
+    assert phases.began_at is not None and phases.retuned_at is not None
+    return phases.made[phases.began_at : phases.retuned_at]
+
+
+def test_a_re_tune_within_the_epoch_probes_a_share_of_the_steps_left_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/tuning.md, Re-tuning: "over the rest of the epoch where that holds three candidates ... with the same
+    # probe share". The test's own count: the steps the epoch had left when the console said the re-tune began.
+    seen, guard, phases, _ = _scripted_retune(monkeypatch)
+    assert seen == _untuned_order()
+    decision = phases.retuned
+    assert decision is not None and phases.began_at is not None, guard.decision and guard.decision.table()
+    epoch_steps = SCRIPTED_LENGTH // BATCH
+    left = epoch_steps - phases.began_at
+    assert decision.probe_budget_steps == int(SCRIPTED_OPTIONS.probe_share * left), (left, decision.table())
+    # Three candidates' windows fit in that budget: the case where the re-tune stays in the epoch.
+    assert decision.probe_budget_steps >= 3 * (SCRIPTED_OPTIONS.warmup_steps + SCRIPTED_OPTIONS.window_steps)
+    running = (phases.first.num_workers, phases.first.prefetch_factor)
+    probed = [made for made in _probed_again_by_the_batches(phases) if made != running]
+    assert 0 < len(probed) <= decision.probe_budget_steps, (len(probed), decision.table())
+    assert decision.probe_steps <= decision.probe_budget_steps
+    assert phases.retuned_at < epoch_steps  # decided within the epoch it began in
+
+
+def test_the_re_tuned_setting_failing_later_goes_back_to_the_setting_before_the_re_tune(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/tuning.md, Faults: in a re-tune, a chosen setting that fails later in its epoch goes back to the setting
+    # probing started from (the first decision's), not the user's, and the decision names it.
+    seen, guard, phases, trainer = _scripted_retune(monkeypatch, fail_after_retune=True)
+    assert seen == _untuned_order()  # no sample lost or repeated across the failure
+    first, retuned, decision = phases.first, phases.retuned, guard.decision
+    assert first is not None and retuned is not None and decision is not None
+    assert retuned.num_workers != first.num_workers != decision.original.num_workers, retuned.table()
+    assert phases.dataset.failing.value == 1 and phases.retuned_at is not None
+    after = phases.made[phases.retuned_at :]
+    assert after and after[-1] == (first.num_workers, first.prefetch_factor), after
+    assert (retuned.num_workers, retuned.prefetch_factor) in after, after  # the chosen setting ran before failing
+    assert decision.setting.same_loader(first.setting) and decision.verdict == "no_gain", decision.table()
+    assert decision.reason.endswith(f"{first.setting.label} is back"), decision.reason
+    assert "your settings are back" not in decision.reason
+    assert trainer.train_dataloader.num_workers == first.num_workers
+
+
+def test_a_re_tune_whose_step_fails_keeps_and_stores_the_earlier_decision(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # docs/troubleshooting.md: after a failed re-tune the message names the earlier decision's setting, which is
+    # kept (the loader goes back to it from the same batch) and stored in the checkpoint.
+    from lightning_loadguard.tuning.planner import Planner
+
+    record = Planner.record
+    calls: list[int] = []
+
+    def fails_in_the_re_tune(self: Planner, *args: Any, **kwargs: Any) -> Any:
+        if self.original.num_workers != 1:  # the re-tune's planner starts from the first decision, not yours
+            calls.append(1)
+            if len(calls) == 2:  # after its first candidate's window: the loader runs that candidate
+                raise RuntimeError("broken")
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(Planner, "record", fails_in_the_re_tune)
+    seen, guard, phases, trainer = _scripted_retune(monkeypatch)
+    assert seen == _untuned_order()
+    first = phases.first
+    assert first is not None and first.num_workers != 1 and len(calls) == 2, first and first.table()
+    said = [line for line in guard._said if "auto-tuning stopped" in line]
+    assert said == [
+        f"auto-tuning stopped: planning the next probe failed (RuntimeError: broken). {first.setting.label} is kept; "
+        "training is not affected."
+    ], said
+    assert guard.decision == first
+    began = phases.began_at
+    assert began is not None
+    candidate = [m for m in phases.made[began:] if m != (first.num_workers, first.prefetch_factor)]
+    assert candidate, phases.made[began:]  # the failure came while a candidate ran
+    assert phases.made[-1] == (first.num_workers, first.prefetch_factor)
+    assert trainer.train_dataloader.num_workers == first.num_workers
+    path = tmp_path / "after.ckpt"
+    trainer.save_checkpoint(path)
+    state = torch.load(path, weights_only=False)["callbacks"]
+    stored = next(v for k, v in state.items() if k.startswith("LoadGuard"))["tuner"]["decision"]
+    assert stored == first.to_dict()

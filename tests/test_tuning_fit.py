@@ -801,3 +801,128 @@ def test_a_0_1_0_checkpoint_applies_its_decision_and_does_not_watch_it(
     assert not any("probes again" in n for n in resumed._said)
     fit(io_bound(), FAST, ckpt_path=watched, **often)
     assert reads, "the watched checkpoint's resume read no window: the control did not run"
+
+
+def _starts_slowly(worker_id: int) -> None:
+    time.sleep(0.25)
+
+
+class _StepClock(pl.Callback):
+    """Per step trained: when it ended (after LoadGuard's hook, so a switch it made counts in its step), the
+    ``num_workers`` that made its batch (the batches' own record), and whether a decision existed then."""
+
+    def __init__(self) -> None:
+        self.ended: list[float] = []
+        self.made: list[int] = []
+        self.decided: list[bool] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        workers = set(batch[1][:, 0].tolist())
+        assert len(workers) == 1
+        self.made.append(int(workers.pop()))
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        self.ended.append(time.perf_counter())
+        guard = next(c for c in trainer.callbacks if isinstance(c, LoadGuard))
+        self.decided.append(guard.decision is not None)
+
+
+def test_the_probe_cost_is_the_probed_steps_time_over_the_chosen_rate_on_the_tests_clock() -> None:
+    # docs/tuning.md, Probe cost: the table ends with the time the probe steps cost over running them at the chosen
+    # setting's rate. Every worker takes 0.25 s to start, so each probe's switch costs a clear share of that time.
+    # The test's own figure: the probed steps' durations, minus the probe steps at the rate the chosen setting ran
+    # the second epoch at. Lightning fetches a batch one step ahead, so step k's duration (its wait included) goes
+    # to the setting that made batch k + 1.
+    clock = _StepClock()
+    pl.seed_everything(11, verbose=False)
+    loader = DataLoader(
+        _MadeBy(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True, worker_init_fn=_starts_slowly
+    )
+    options = replace(FAST, retune=False)
+    _, guard, _ = fit(loader, options, callbacks=[clock])
+    decision = guard.decision
+    assert decision is not None and decision.probe_steps > 0, decision and decision.table()
+    epoch = 480 // 4
+    assert len(clock.ended) == 2 * epoch and all(clock.decided[epoch:])
+    user = decision.original.num_workers
+    # Step i ran from the end of step i - 1 to its own; it is probing where the decision did not exist at its end
+    # and the batch it fetched ahead, i + 1, was made under another count than yours.
+    probed = sum(
+        clock.ended[i] - clock.ended[i - 1]
+        for i in range(1, epoch)
+        if not clock.decided[i] and clock.made[i + 1] != user
+    )
+    steady = [clock.ended[i] - clock.ended[i - 1] for i in range(epoch + 5, 2 * epoch)]  # past its workers' start
+    assert set(clock.made[epoch:]) == {decision.num_workers}
+    rate = len(steady) / sum(steady)
+    own = probed - decision.probe_steps / rate
+    assert own > 0.25, (own, decision.table())  # at least one worker start: the figure is not noise
+    assert abs(decision.probe_cost_s - own) <= 0.5 * own + 0.1, (decision.probe_cost_s, own, decision.table())
+    assert f"; {decision.probe_cost_s:.2f} s more than running those steps at the chosen setting's rate" in (
+        decision.table()
+    )
+
+
+class _BurstyShards(IterableDataset):
+    """Shards by worker through ``get_worker_info()``; every 8th sample a worker makes takes 20 ms (a burst). Each
+    sample carries the ``num_workers`` and ``prefetch_factor`` of the iterator whose worker made it, read in the
+    worker from the loader as it was when that iterator forked it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.loader: DataLoader | None = None
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        assert info is not None and self.loader is not None, "read by workers only"
+        for made, i in enumerate(range(info.id, self.length, info.num_workers)):
+            if made % 8 == 7:
+                time.sleep(0.02)
+            x = torch.zeros(16)
+            x[0], x[1] = float(info.num_workers), float(self.loader.prefetch_factor)
+            yield torch.tensor(i), x
+
+
+def _bursty_window(self: Any, port: Any, start: Any) -> WindowSnapshot:
+    """Scripted: a 10 ms step, and batches made in 4 ms but every 8th in 80 ms; the buffer replay wants depth 4."""
+    steps = 40
+    return WindowSnapshot(
+        wait_s=(0.0,) * steps,
+        step_s=(0.01,) * steps,
+        production_s=tuple(0.08 if k % 8 == 7 else 0.004 for k in range(steps)),
+        settings=self._planner.current,
+        host=HostFacts(cpu_count=8),
+        batches_made=steps,
+    )
+
+
+def test_an_iterable_with_workers_gets_the_deeper_prefetch_from_the_next_epoch_and_keeps_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/tuning.md (IterableDataset) and docs/loaders.md (tune): only the prefetch depth may change, applied from
+    # the next epoch (model_only). By the batches' own record: epoch 0 made at your depth, epoch 1 at the
+    # decision's, every batch by your two workers, every sample once per epoch.
+    monkeypatch.setattr(session_module.TuningSession, "_measured", _bursty_window)
+    length = 160
+    dataset = _BurstyShards(length)
+    loader = dataset.loader = DataLoader(dataset, batch_size=4, num_workers=2)
+    made = _MadeByPerStep()
+    made_prefetch: list[int] = []
+
+    class Prefetch(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            depths = set(batch[1][:, 1].tolist())
+            assert len(depths) == 1
+            made_prefetch.append(int(depths.pop()))
+
+    seen, guard, trainer = fit(loader, FAST, epochs=2, callbacks=[made, Prefetch()])
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "model_only", decision and decision.table()
+    assert decision.prefetch_factor is not None and decision.prefetch_factor > 2, decision.table()
+    assert decision.num_workers == 2 and trainer.train_dataloader.num_workers == 2
+    epoch = length // 4
+    assert len(made_prefetch) == len(made.made) == 2 * epoch
+    assert set(made_prefetch[:epoch]) == {2}, made_prefetch  # your depth all through epoch 0
+    assert set(made_prefetch[epoch:]) == {decision.prefetch_factor}, made_prefetch
+    assert set(made.made) == {2}
+    assert sorted(seen[: 4 * epoch]) == sorted(seen[4 * epoch :]) == list(range(length))
