@@ -900,11 +900,14 @@ def test_epoch_start_is_near_0_after_the_first_epoch_with_persistent_workers(per
     )
     quiet_trainer(max_epochs=2, callbacks=[guard, AtEpochEnd()]).fit(TimedModule(record=False), loader)
     assert len(starts_ms) == 2
-    assert starts_ms[0] >= _WORKER_START_S * 1e3  # epoch 0 starts its workers either way
+    # Timed from the loop's side, the start-up can miss a few milliseconds of the workers' 0.3 s sleep (298.8 ms
+    # was seen beside other processes): the bound is the sleep less a fifth, far above a persistent epoch's.
+    started = 0.8 * _WORKER_START_S * 1e3
+    assert starts_ms[0] >= started, starts_ms  # epoch 0 starts its workers either way
     if persistent:
         assert starts_ms[1] < 0.1 * _WORKER_START_S * 1e3, starts_ms  # the workers of epoch 0 go on
     else:
-        assert starts_ms[1] >= _WORKER_START_S * 1e3, starts_ms
+        assert starts_ms[1] >= started, starts_ms
 
 
 def test_the_custom_scalars_layout_is_written_once_per_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
