@@ -12,7 +12,7 @@ from statistics import fmean
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
@@ -368,3 +368,15 @@ class LoopClock(pl.Callback):
 
     def period(self, last: int) -> float:
         return (self.starts[-1] - self.starts[-1 - last]) / last
+
+
+class MadeByWorkers(TimedDataset):
+    """Each sample carries the ``num_workers`` of the iterator that made it (0: the training process), in its first
+    feature: what a batch was made under, read from the batch itself."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i, x = super().__getitem__(index)
+        info = get_worker_info()
+        x = x.clone()
+        x[0] = float(info.num_workers if info is not None else 0)
+        return i, x

@@ -41,19 +41,19 @@ def _guards(cli: LightningCLI) -> list[Any]:
     return [cb for cb in cli.trainer.callbacks if isinstance(cb, LoadGuard)]
 
 
-def test_loadguard_from_yaml(tmp_path: Path) -> None:
+def _fit_from_yaml(tmp_path: Path, init_args: str) -> Any:
+    """The LoadGuard a fit configured by YAML gets, with ``init_args`` (YAML lines at its indentation)."""
     config = tmp_path / "config.yaml"
     config.write_text(
-        "trainer:\n"
-        "  callbacks:\n"
-        "    - class_path: lightning_loadguard.LoadGuard\n"
-        "      init_args:\n"
-        "        window: 6\n"
-        "        log_every_n_steps: 2\n"
-        "        print_summary: false\n"
+        "trainer:\n  callbacks:\n    - class_path: lightning_loadguard.LoadGuard\n      init_args:\n" + init_args
     )
     cli = _run(["fit", f"--config={config}", *_TRAINER_ARGS, f"--trainer.default_root_dir={tmp_path}"])
     (guard,) = _guards(cli)
+    return guard
+
+
+def test_loadguard_from_yaml(tmp_path: Path) -> None:
+    guard = _fit_from_yaml(tmp_path, "        window: 6\n        log_every_n_steps: 2\n        print_summary: false\n")
     assert (guard.window, guard.log_every_n_steps, guard.print_summary) == (6, 2, False)
     assert guard.metrics["loadguard/step_ms"] > 0
     assert guard.diagnosis is not None
@@ -62,17 +62,7 @@ def test_loadguard_from_yaml(tmp_path: Path) -> None:
 def test_auto_tune_true_in_the_yaml_turns_the_tuner_on_for_the_fit(tmp_path: Path) -> None:
     # troubleshooting.md's YAML, as printed there: `auto_tune: true` reaches LoadGuard as True and its tuner
     # looks at the fit's loader. Its 8-step epochs are too short to probe, and only a tuner says so.
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "trainer:\n"
-        "  callbacks:\n"
-        "    - class_path: lightning_loadguard.LoadGuard\n"
-        "      init_args:\n"
-        "        window: 50\n"
-        "        auto_tune: true\n"
-    )
-    cli = _run(["fit", f"--config={config}", *_TRAINER_ARGS, f"--trainer.default_root_dir={tmp_path}"])
-    (guard,) = _guards(cli)
+    guard = _fit_from_yaml(tmp_path, "        window: 50\n        auto_tune: true\n")
     assert guard.window == 50 and guard.auto_tune is True
     assert "auto-tuning is off: epochs have 8 steps" in guard.summary()
     # Without it, no tuner and nothing said about tuning.

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from pipelines import quiet_trainer
-from torch.utils.data import DataLoader, get_worker_info
+from pipelines import MadeByWorkers, quiet_trainer
+from torch.utils.data import DataLoader
 
 from lightning_loadguard import LoadGuard
 from lightning_loadguard._lightning import pl
@@ -143,17 +143,6 @@ def test_the_custom_scalars_layout_is_written_once_before_the_first_batch_and_on
 # -- "nothing new is stored as a decision: the run resumes untuned" -----------------------------------------------
 
 
-class _MadeBy(TimedDataset):
-    """Each sample carries the ``num_workers`` of the iterator that made it (0: the training process)."""
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        i, x = super().__getitem__(index)
-        info = get_worker_info()
-        x = x.clone()
-        x[0] = float(info.num_workers if info is not None else 0)
-        return i, x
-
-
 class _MadeByRecorder(pl.Callback):
     """The ``num_workers`` each trained batch was made under, read from the batch."""
 
@@ -184,7 +173,7 @@ def _fit_made_by(
 ) -> tuple[Any, _MadeByRecorder]:
     """A fit on batches of 8 ms for a 4 ms step, with the user's one worker (shuffled, always the same order)."""
     pl.seed_everything(11, verbose=False)
-    loader = timed_loader(_MadeBy(length, sample_s=0.002), batch_size=4, num_workers=1, shuffle=True)
+    loader = timed_loader(MadeByWorkers(length, sample_s=0.002), batch_size=4, num_workers=1, shuffle=True)
     recorder = _MadeByRecorder()
     callbacks = [guard, recorder] + ([stop] if stop is not None else [])
     trainer = quiet_trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=root)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from pipelines import FETCH_ACTION, quiet_trainer
+from pipelines import FETCH_ACTION, MadeByWorkers, quiet_trainer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
@@ -580,17 +580,6 @@ def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_work
     assert resumed.decision == decision and at_start == [allowed]
 
 
-class _MadeBy(TimedDataset):
-    """Each sample carries the ``num_workers`` of the iterator that made it (0: the training process)."""
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        i, x = super().__getitem__(index)
-        info = get_worker_info()
-        x = x.clone()
-        x[0] = float(info.num_workers if info is not None else 0)
-        return i, x
-
-
 class _ProbedSteps(pl.Callback):
     """Steps trained, before the tuner's first decision, on a batch made under another ``num_workers`` than the
     user's: the probing as the loop lived it, counted apart from the tuner's own figures."""
@@ -613,7 +602,7 @@ def test_the_probe_budget_is_a_share_of_the_epoch_the_trainer_runs(limit: int | 
     trainer = quiet_trainer(max_epochs=3, callbacks=[guard, probed], limit_train_batches=limit or 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(TimedModule(), DataLoader(_MadeBy(800), batch_size=4))
+        trainer.fit(TimedModule(), DataLoader(MadeByWorkers(800), batch_size=4))
     decision = guard.decision
     assert decision is not None and trainer.num_training_batches == epoch_steps
     spans = [span for span in (1, 2, 3) if decision.probe_budget_steps == int(options.probe_share * epoch_steps * span)]
@@ -648,7 +637,7 @@ def test_workers_that_take_long_to_start_are_kept_across_epochs() -> None:
     assert decision.persistent_workers and trainer.train_dataloader.persistent_workers
 
 
-class _FailsUnder(TimedDataset):
+class _FailsUnder(MadeByWorkers):
     """Each sample carries the ``num_workers`` that made it; raises in a worker under ``fail_under`` workers, or,
     once ``failing`` (shared memory, seen by live workers) is set, under any count but ``kept``."""
 
@@ -662,10 +651,7 @@ class _FailsUnder(TimedDataset):
         workers = info.num_workers if info is not None else 0
         if workers == self.fail_under or (self.failing.value and workers != self.kept):
             raise RuntimeError(f"simulated: a worker failed under num_workers={workers}")
-        i, x = super().__getitem__(index)
-        x = x.clone()
-        x[0] = float(workers)
-        return i, x
+        return super().__getitem__(index)
 
 
 class _MadeByPerStep(pl.Callback):
@@ -836,7 +822,7 @@ def test_the_probe_cost_is_the_probed_steps_time_over_the_chosen_rate_on_the_tes
     clock = _StepClock()
     pl.seed_everything(11, verbose=False)
     loader = DataLoader(
-        _MadeBy(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True, worker_init_fn=_starts_slowly
+        MadeByWorkers(480, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True, worker_init_fn=_starts_slowly
     )
     options = replace(FAST, retune=False)
     _, guard, _ = fit(loader, options, callbacks=[clock])
