@@ -267,6 +267,20 @@ def test_the_least_gain_a_certain_fix_needs_is_the_tuners_default_min_gain_of_fi
     assert CERTAIN_GAIN == TuneOptions().min_gain == 0.05
 
 
+def _two_io_workers(capacity: float, *, wait_s: float, prefetch: int) -> WindowSnapshot:
+    """A quiet window (every step alike: no noise) of two workers making ``capacity`` batches/s for a 0.1 s step,
+    waiting on I/O (the cores carry more of them); each step waited ``wait_s``."""
+    return WindowSnapshot(
+        wait_s=(wait_s,) * 24,
+        step_s=(0.1,) * 24,
+        settings=LoaderSettings(num_workers=2, prefetch_factor=prefetch),
+        host=HostFacts(cpu_count=8),
+        production_s=(2 / capacity,) * 24,
+        production_cpu_s=(0.002,) * 24,
+        cpu=IO_WORKERS,
+    )
+
+
 @pytest.mark.parametrize(("capacity", "certain"), [(9.7, False), (9.4, True)])
 def test_a_worker_fix_aiming_for_less_than_five_percent_is_a_hypothesis_even_on_a_quiet_host(
     capacity: float, certain: bool
@@ -274,19 +288,27 @@ def test_a_worker_fix_aiming_for_less_than_five_percent_is_a_hypothesis_even_on_
     # Two workers make `capacity` batches/s in steady state for a 0.1 s step: each step waits 1/capacity - 0.1 s.
     # More workers aim for the step's own 10 steps/s: 10 / 9.7 - 1 = 3.1 %, 10 / 9.4 - 1 = 6.4 %. The windows
     # are quiet (every step alike: no noise) and the workers wait on I/O (the cores carry them).
-    snap = WindowSnapshot(
-        wait_s=(1 / capacity - 0.1,) * 24,
-        step_s=(0.1,) * 24,
-        settings=LoaderSettings(num_workers=2, prefetch_factor=2),
-        host=HostFacts(cpu_count=8),
-        production_s=(2 / capacity,) * 24,
-        production_cpu_s=(0.002,) * 24,
-        cpu=IO_WORKERS,
-    )
-    d = diagnose(snap, tuner=TunerReach(True))
+    d = diagnose(_two_io_workers(capacity, wait_s=1 / capacity - 0.1, prefetch=2), tuner=TunerReach(True))
     assert d.verdict == "producer_deficit" and d.recommended == {"num_workers": 3}, d.to_text()
     assert d.certain is certain, d.to_text()
     fix = d.findings[0].fix
     # A hypothesis says why, and offers the measurement that verifies it; a certain fix needs neither.
     assert ("aims to gain 3%, less than the 5% a measurement is asked to show" in fix) is not certain, fix
     assert (OFFER in fix) is not certain, fix
+
+
+@pytest.mark.parametrize(("capacity", "certain"), [(9.7, False), (8.0, True)])
+def test_a_deficit_still_hidden_by_a_full_buffer_aims_for_the_gain_from_the_rate_the_workers_hold(
+    capacity: float, certain: bool
+) -> None:
+    # Two I/O-bound workers make `capacity` batches/s for a 0.1 s step, but the buffer filled at start-up still
+    # serves every fetch: no wait yet. Once it drains, the loop runs at `capacity`: more workers aim for the step's
+    # 10 steps/s from there, 10 / 8 - 1 = 25 % (certain) or 10 / 9.7 - 1 = 3 % (a hypothesis), not the 0 % the
+    # window's own throughput would give.
+    d = diagnose(_two_io_workers(capacity, wait_s=0.0, prefetch=4), tuner=TunerReach(True))
+    assert d.verdict == "producer_deficit" and d.draining is not None, d.to_text()
+    assert d.recommended == {"num_workers": 3}, d.to_text()
+    assert d.certain is certain, d.to_text()
+    fix = d.findings[0].fix
+    assert "aims to gain 0%" not in fix, fix
+    assert ("aims to gain 3%, less than the 5% a measurement is asked to show" in fix) is not certain, fix

@@ -280,26 +280,30 @@ def _core_check(facts: _Facts) -> CoreCheck | None:
     return hb.snapshot_cores(facts.snap, target_rate=facts.consumer_rate)
 
 
-def _more_workers_certain(facts: _Facts, target_rate: float | None = None) -> tuple[bool, str]:
+def _more_workers_certain(
+    facts: _Facts, target_rate: float | None = None, now_rate: float | None = None
+) -> tuple[bool, str]:
     """Whether more workers are a fix LoadGuard stands behind here, and if not, the sentence saying why.
 
     ``target_rate``: the steps/s the fix aims for (default: the step's own rate, the wait removed).
+    ``now_rate``: the steps/s the settings hold (default: the window's throughput; a full buffer that
+    drains holds up the throughput only until it is empty).
     """
     check = _core_check(facts)
     target = facts.consumer_rate if target_rate is None else target_rate
+    now = facts.snap.throughput if now_rate is None else now_rate
     if check is None:
         return False, (
             " The host's CPU use was not measured, so whether the cores carry more workers is a prediction. "
             + _verify(facts)
         )
     if check.fits:
-        return _beats_noise(facts, target)
-    if check.sustainable_rate <= facts.snap.throughput * (1 + CORES_NO_GAIN):
+        return _beats_noise(facts, target, now)
+    if check.sustainable_rate <= now * (1 + CORES_NO_GAIN):
         return False, (
             f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}; "
             f"the cores carry about {check.sustainable_rate:.3g} steps/s, no more than the "
-            f"{facts.snap.throughput:.3g} measured now, so more workers may well make the step slower. "
-            + _verify(facts)
+            f"{now:.3g} the settings hold now, so more workers may well make the step slower. " + _verify(facts)
         )
     return False, (
         f" The loop and the workers compete for the same cores: {check.sentence(facts.consumer_rate)}. "
@@ -307,10 +311,11 @@ def _more_workers_certain(facts: _Facts, target_rate: float | None = None) -> tu
     )
 
 
-def _beats_noise(facts: _Facts, target_rate: float) -> tuple[bool, str]:
-    """Whether the gain a fix aims for beats ``CERTAIN_GAIN`` and the noise of the windows it rests on (the
-    comparison the tuner makes before it replaces a setting), and if not, the sentence saying why."""
-    now = facts.snap.throughput
+def _beats_noise(facts: _Facts, target_rate: float, now: float | None = None) -> tuple[bool, str]:
+    """Whether the gain a fix aims for, from ``now`` steps/s (default: the window's throughput), beats
+    ``CERTAIN_GAIN`` and the noise of the windows it rests on (the comparison the tuner makes before it replaces
+    a setting), and if not, the sentence saying why."""
+    now = facts.snap.throughput if now is None else now
     gain = target_rate / now - 1.0 if now > 0 else math.inf
     if gain >= max(CERTAIN_GAIN, facts.rate_noise):
         return True, ""
@@ -366,7 +371,9 @@ def _deficit(facts: _Facts) -> Finding | None:
     }
     fits_memory = _fits_memory(facts, needed * facts.prefetch)
     workers = needed if needed <= budget and fits_memory else min(needed, budget)
-    certain, caveat = _more_workers_certain(facts)
+    # A full buffer hides the deficit until it drains: the gain is measured from the rate the workers hold.
+    hidden = facts.draining is not None and facts.workers > 0 and facts.capacity is not None
+    certain, caveat = _more_workers_certain(facts, now_rate=facts.capacity if hidden else None)
     if needed <= budget and fits_memory:
         fix = f"num_workers={needed} (now {facts.workers})."
     else:
