@@ -246,6 +246,40 @@ def test_compute_bound_keeps_the_settings_without_probing() -> None:
     assert [c.note for c in decision.candidates][1:] == ["your settings measured again: the loop hardly waited"] * 2
 
 
+@pytest.mark.parametrize(
+    ("count", "said"), [(0, "the trainer has no train loader"), (2, "the trainer iterates 2 train loaders at once")]
+)
+def test_the_tuner_and_the_monitor_say_why_they_take_no_loader_list_but_one(count: int, said: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from lightning_loadguard.meters.monitor import LoaderMonitor
+    from lightning_loadguard.tuning.session import tuner_reach
+
+    loaders = [DataLoader(list(range(8))) for _ in range(count)]
+    reach = tuner_reach(loaders, snapshot(4, 0.01), epoch_steps=8, max_epochs=None)
+    assert (reach.acts, reach.reason) == (False, said)
+    assert LoaderMonitor(window=8).attach(loaders) == said
+
+
+def test_a_retune_calls_its_start_the_earlier_choice_and_frees_its_rows() -> None:
+    # A re-tune starts from the setting an earlier decision chose; the decision keeps the user's settings as its
+    # original (for a resume). Its notes and its table's cost line speak of the earlier choice, not "your settings".
+    users, earlier = LoaderSettings(1, 2), LoaderSettings(4, 2)
+    planner = Planner(earlier, HostBudget(7, "cores"), FAST, epoch_steps=400, retune=True)
+    again = [planner.record(window(98.0, 0.010, 0.015)) for _ in range(3)]
+    assert again == [earlier, earlier, None]
+    decision = replace(planner.decide(), original=users, retunes=1, retuned="another job took the cores")
+    assert decision.reason == "the loop runs at its compute rate; the earlier choice is kept"
+    again_note = "the earlier choice measured again: the loop hardly waited"
+    assert [c.note for c in decision.candidates][1:] == [again_note] * 2
+    table = decision.table()
+    assert "your settings" not in table, table
+    assert "probe cost: 0 steps in the 0 probed rows (the earlier choice's rows are free)" in table, table
+    first = Planner(users, HostBudget(7, "cores"), FAST, epoch_steps=400)
+    assert first.record(window(98.0, 0.010, 0.015)) == users
+    assert first.current_note == "your settings measured again: the loop hardly waited"
+
+
 def test_a_burst_in_your_settings_second_window_opens_the_search() -> None:
     planner = Planner(LoaderSettings(2, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
     assert planner.record(window(98.0, 0.010, 0.015)) == LoaderSettings(2, 2)

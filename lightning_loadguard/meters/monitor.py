@@ -60,6 +60,13 @@ class WindowMark:
     entered: int
 
 
+def not_one_loader(loaders: list[Any]) -> str:
+    """Why a list of train loaders other than exactly one cannot be measured or tuned as one loader."""
+    if not loaders:
+        return "the trainer has no train loader"
+    return f"the trainer iterates {len(loaders)} train loaders at once"
+
+
 class LoaderMonitor:
     """Owns the consumer meter, the producer meter, the loader probe and the device timeline of one training
     process.
@@ -219,7 +226,7 @@ class LoaderMonitor:
         self.detach()
         self._several = tuple(settings_of(loader) for loader in loaders) if len(loaders) > 1 else ()
         if len(loaders) != 1:
-            return f"the trainer iterates {len(loaders)} train loaders at once"
+            return not_one_loader(loaders)
         loader = loaders[0]
         reason = instrument(loader, self._probe)
         self.settings = settings_of(loader)

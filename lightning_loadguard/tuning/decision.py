@@ -136,8 +136,11 @@ class TuneDecision:
         lines.append(f"decision: {self.setting.label} ({self.verdict}); {self.reason}")
         if self.retuned:
             lines.append(f"probed again (re-tune {self.retunes}) because {self.retuned}")
-        probed = sum(not c.setting.same_loader(self.original) for c in self.candidates)
-        free = "your settings' rows are free" if len(self.candidates) - probed > 1 else "your settings' row is free"
+        # A re-tune measures the earlier choice first: its rows are the free ones.
+        start = self.candidates[0].setting if self.retunes and self.candidates else self.original
+        probed = sum(not c.setting.same_loader(start) for c in self.candidates)
+        owner = "the earlier choice's" if self.retunes else "your settings'"
+        free = f"{owner} rows are free" if len(self.candidates) - probed > 1 else f"{owner} row is free"
         lines.append(
             f"probe cost: {self.probe_steps} steps in the {probed} probed row{'' if probed == 1 else 's'} "
             f"({free}), of {self.probe_budget_steps} allowed; {self.probe_cost_s:.2f} s "

@@ -166,6 +166,7 @@ class Planner:
         options: probe limits and thresholds.
         epoch_steps: steps in one epoch (the probe budget is a share of the epochs spanned).
         span_epochs: epochs the probing may span (a short epoch holds too few windows).
+        retune: ``original`` is the setting an earlier decision chose, not the user's (the notes say so).
         pinning_helps: an accelerator exists that pinned host memory speeds transfers to.
 
     Example:
@@ -189,6 +190,7 @@ class Planner:
         *,
         pinning_helps: bool = False,
         span_epochs: int = 1,
+        retune: bool = False,
     ) -> None:
         if span_epochs < 1:
             raise ValueError(f"span_epochs must be >= 1, got {span_epochs!r}")
@@ -203,7 +205,8 @@ class Planner:
         self.window_steps = options.window_for(math.floor(options.probe_share * epoch_steps))
         self.window = options.warmup_steps + self.window_steps
         self.current = original
-        self.current_note = "your settings"
+        self.retune = retune
+        self.current_note = self._start
         self.results: list[CandidateResult] = []
         self.arms: dict[LoaderSettings, Arm] = {}
         self.probe_steps = 0
@@ -223,6 +226,15 @@ class Planner:
         return {s: a.window for s, a in self.arms.items()}
 
     # -- schedule --------------------------------------------------------------------------------------
+
+    @property
+    def _start(self) -> str:
+        """What the notes call :attr:`original`."""
+        return "the earlier choice" if self.retune else "your settings"
+
+    @property
+    def _start_kept(self) -> str:
+        return "the earlier choice is kept" if self.retune else "your settings are kept"
 
     def can_start(self) -> bool:
         """Whether the epochs spanned leave room to measure the user's setting and at least one candidate: a
@@ -349,7 +361,7 @@ class Planner:
             # One window in which the loop hardly waited may have missed the bursts; the user's settings cost no
             # probe steps, so they are measured again before the loop is called compute-bound.
             if user.windows < MAX_WINDOWS and self._affordable(self.original) and "recheck" in self.rules:
-                return _Proposal(self.original, "your settings measured again: the loop hardly waited")
+                return _Proposal(self.original, f"{self._start} measured again: the loop hardly waited")
             return None  # the loop runs at its compute rate: nothing to win
         search = self._search()
         if search is not None:
@@ -530,7 +542,7 @@ class Planner:
         for arm in arms:
             if arm.windows < MAX_WINDOWS:
                 note = f"measured again: {g:.0%} between the two, noise {noise:.0%}"
-                return _Proposal(arm.setting, ("your settings " if arm is user else "") + note)
+                return _Proposal(arm.setting, (f"{self._start} " if arm is user else "") + note)
         return None
 
     def _tried(self, setting: LoaderSettings) -> bool:
@@ -569,16 +581,18 @@ class Planner:
         )
         if chosen is user:
             if _winnable(user) < WAIT_OK:
-                verdict, reason = "compute_bound", "the loop runs at its compute rate; your settings are kept"
+                verdict, reason = "compute_bound", "the loop runs at its compute rate; " + self._start_kept
             else:
                 verdict = "no_gain"
                 reason = (
                     f"no candidate measured at least {self.options.min_gain:.0%} faster, and by more than the "
-                    f"noise; your settings are kept, and {lost}"
+                    f"noise; {self._start_kept}, and {lost}"
                 )
         else:
             verdict = "improved"
-            reason = f"{after / before:.2f}x the steps/s of your settings" if before > 0 else "faster than yours"
+            reason = (
+                f"{after / before:.2f}x the steps/s of {self._start}" if before > 0 else f"faster than {self._start}"
+            )
             if deficit > 0:
                 reason += f"; {lost}"
         if bounded_by:
@@ -620,7 +634,7 @@ class Planner:
             replace(self.original, persistent_workers=True),
             verdict="model_only",
             reason=(
-                "no window of your settings made a batch, so no rate was compared; persistent_workers turned on: "
+                f"no window of {self._start} made a batch, so no rate was compared; persistent_workers turned on: "
                 + _start_against_steps(self._startups[self.original], self.epoch_steps / pace)
             ),
         )

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_loadguard.meters.monitor import LoaderMonitor, WindowMark
+from lightning_loadguard.meters.monitor import LoaderMonitor, WindowMark, not_one_loader
 from lightning_loadguard.meters.ranks import WindowRanks
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
@@ -192,7 +192,7 @@ def tuner_budget(window: WindowSnapshot, options: TuneOptions, devices_on_host: 
 def _loaders_declined(loaders: list[Any]) -> str | None:
     """Why the tuner cannot tune these train loaders at all, or ``None``."""
     if len(loaders) != 1:
-        return f"the trainer iterates {len(loaders)} train loaders at once"
+        return not_one_loader(loaders)
     loader = loaders[0]
     if not isinstance(loader, DataLoader):
         return f"the train loader is a {type(loader).__name__}, not a torch DataLoader"
@@ -1105,7 +1105,9 @@ class TuningSession:
         left = max(0, steps - port.consumed_in_epoch())
 
         def planner_over(span: int) -> Planner:
-            return Planner(current, budget, self.options, left, pinning_helps=port.pinning_helps, span_epochs=span)
+            return Planner(
+                current, budget, self.options, left, pinning_helps=port.pinning_helps, span_epochs=span, retune=True
+            )
 
         if port.current_epoch == self._due_epoch:
             planner = planner_over(1)
