@@ -14,6 +14,7 @@ Usage::
     python benchmarks/tune_sweep.py --first 500       # seeds 500..999, held out of the rules' development
     python benchmarks/tune_sweep.py --truth-seeds 4   # each setting's rate the mean of 4 runs
     python benchmarks/tune_sweep.py --truth steady    # the steady state of one endless epoch instead
+    python benchmarks/tune_sweep.py --measured        # also: the search's reach and the ranking's, apart
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_sweep import Score, generate, score, summary, table
+from sim_sweep import Score, generate, score, search_table, summary, table
 from workloads import commit, map_seeds
 
 
-def _one(seed: int, truth_seeds: int = 1, per_epoch: bool = True) -> Score:
-    return score(generate(seed), seed=seed, truth_seeds=truth_seeds, per_epoch=per_epoch)
+def _one(seed: int, truth_seeds: int = 1, per_epoch: bool = True, measured: bool = False) -> Score:
+    return score(generate(seed), seed=seed, truth_seeds=truth_seeds, per_epoch=per_epoch, measured=measured)
 
 
 def _histogram(scores: list[Score]) -> str:
@@ -53,18 +54,29 @@ def main() -> None:
         help="each setting's rate over an epoch as training runs it (its start and fill included), or in the "
         "steady state of one endless epoch",
     )
+    parser.add_argument(
+        "--measured",
+        action="store_true",
+        help="also rate every setting the planner measured: how often the best of them is within 0.95 of the "
+        "best (the search's reach) and the choice within 0.95 of it (the ranking's)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--worst", type=int, default=15, help="list this many of the worst pipelines")
     args = parser.parse_args()
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.count)
-    scores = map_seeds(partial(_one, truth_seeds=args.truth_seeds, per_epoch=args.truth == "epoch"), seeds, args.jobs)
+    one = partial(_one, truth_seeds=args.truth_seeds, per_epoch=args.truth == "epoch", measured=args.measured)
+    scores = map_seeds(one, seeds, args.jobs)
     print(
         f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: each setting's {args.truth} "
         f"rate, the mean of {args.truth_seeds} runs), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
     )
     print(table(summary(scores)))
+    if args.measured:
+        print(f"\n{search_table(summary(scores))}")
     print(f"\ntuned / best: {_histogram(scores)}")
+    if args.worst < 1:
+        return
     print(f"\nworst {args.worst}:")
     print(
         "| pipeline | cores | epoch steps | yours | chosen | best | tuned / best | yours / best | verdict "

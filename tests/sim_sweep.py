@@ -21,6 +21,7 @@ from sim_pipeline import Cost, Host, PlannerFactory, SimPipeline, epoch_rate, st
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts
 from lightning_loadguard.model.budget import host_budget
+from lightning_loadguard.tuning.decision import CandidateResult
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
 
@@ -150,10 +151,23 @@ class Score:
     probe_steps: int
     budget_steps: int
     verdict: str
+    measured_best_rate: float | None = None
+    """The best rate among the settings the planner measured (each with persistent workers and without), where
+    asked for: what a choice that ranked its measurements by the truth would reach."""
 
     @property
     def ratio(self) -> float:
         return self.chosen_rate / self.best_rate
+
+    @property
+    def search_ratio(self) -> float | None:
+        """The best measured setting's rate over the best: what the search left unvisited."""
+        return None if self.measured_best_rate is None else self.measured_best_rate / self.best_rate
+
+    @property
+    def choice_ratio(self) -> float | None:
+        """The chosen setting's rate over the best measured one: what ranking the windows lost."""
+        return None if self.measured_best_rate is None else self.chosen_rate / self.measured_best_rate
 
     @property
     def below_user(self) -> bool:
@@ -243,11 +257,19 @@ def score(
     truth_steps: int = 600,
     truth_seeds: int = 1,
     per_epoch: bool = True,
+    measured: bool = False,
 ) -> Score:
     """Tune ``p`` on the simulator and score the choice against the ground truth (rates over ``truth_steps``
-    steps, the mean of ``truth_seeds`` runs; per epoch, or with ``per_epoch=False`` in the steady state)."""
+    steps, the mean of ``truth_seeds`` runs; per epoch, or with ``per_epoch=False`` in the steady state);
+    ``measured``: also rate every setting the planner measured (:attr:`Score.measured_best_rate`)."""
     return score_planners(
-        p, {"": planner}, seed=seed, truth_steps=truth_steps, truth_seeds=truth_seeds, per_epoch=per_epoch
+        p,
+        {"": planner},
+        seed=seed,
+        truth_steps=truth_steps,
+        truth_seeds=truth_seeds,
+        per_epoch=per_epoch,
+        measured=measured,
     )[""]
 
 
@@ -259,6 +281,7 @@ def score_planners(
     truth_steps: int = 600,
     truth_seeds: int = 1,
     per_epoch: bool = True,
+    measured: bool = False,
 ) -> dict[str, Score]:
     """:func:`score` for each of ``planners`` on one ground truth (each setting's rate simulated once)."""
     truth = _Truth(p, truth_steps, truth_seeds, per_epoch)
@@ -269,8 +292,9 @@ def score_planners(
         tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
         chosen_rate = truth(tuned.chosen)
         # The grid need not hold the user's settings nor the chosen ones: the best is the fastest of the three.
-        best = max((grid, p.user, tuned.chosen), key=truth)
         d = tuned.decision
+        tried = _measured_settings(d.candidates if d else (), p.user) if measured else []
+        best = max((grid, p.user, tuned.chosen, *tried), key=truth)
         scores[name] = Score(
             pipeline=p,
             chosen=tuned.chosen,
@@ -281,8 +305,19 @@ def score_planners(
             probe_steps=d.probe_steps if d else 0,
             budget_steps=d.probe_budget_steps if d else 0,
             verdict=d.verdict if d else "not_tuned",
+            measured_best_rate=max(map(truth, tried)) if tried else None,
         )
     return scores
+
+
+def _measured_settings(candidates: Iterable[CandidateResult], user: LoaderSettings) -> list[LoaderSettings]:
+    """The settings measured (the user's at least), each with persistent workers and without: persistence is
+    decided after probing, so a ranking by the truth would choose it too."""
+    tried = {c.setting for c in candidates if not c.failed} | {user}
+    return sorted(
+        {replace(s, persistent_workers=k) for s in tried for k in ((False, True) if s.num_workers else (False,))},
+        key=lambda s: s.label,
+    )
 
 
 def summary(scores: Iterable[Score]) -> dict[str, dict[str, float]]:
@@ -307,6 +342,10 @@ def summary(scores: Iterable[Score]) -> dict[str, dict[str, float]]:
             "over_budget": sum(s.over_budget for s in group) / len(group),
             "probe_share_of_budget": sum(spent) / len(spent) if spent else 0.0,
         }
+        searched = [(s.search_ratio, s.choice_ratio) for s in group if s.search_ratio is not None]
+        if searched:
+            out[name]["search_at_95"] = sum(r >= 0.95 for r, _ in searched) / len(searched)
+            out[name]["choice_at_95"] = sum(c is not None and c >= 0.95 for _, c in searched) / len(searched)
     return out
 
 
@@ -324,4 +363,18 @@ def table(figures: dict[str, dict[str, float]]) -> str:
             f"| {name} | {f['n']:.0f} | {f['at_95']:.1%} | {f['p1']:.3f} | {f['worst']:.3f} | {f['median']:.3f} "
             f"| {f['below_user']:.1%} | {f['over_budget']:.1%} | {f['probe_share_of_budget']:.2f} |"
         )
+    return "\n".join(rows)
+
+
+def search_table(figures: dict[str, dict[str, float]]) -> str:
+    """Where the loss is, from ``summary``'s figures of scores made with ``measured=True``: the share of pipelines
+    whose best measured setting is within 0.95 of the best (the search's reach) and whose choice is within 0.95 of
+    the best measured (the ranking's)."""
+    rows = [
+        "| family | tuned >= 0.95 x best | best measured >= 0.95 x best | tuned >= 0.95 x best measured |",
+        "|---|---|---|---|",
+    ]
+    for name in [n for n in ("all", *FAMILIES) if n in figures and "search_at_95" in figures[n]]:
+        f = figures[name]
+        rows.append(f"| {name} | {f['at_95']:.1%} | {f['search_at_95']:.1%} | {f['choice_at_95']:.1%} |")
     return "\n".join(rows)

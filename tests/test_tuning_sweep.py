@@ -76,3 +76,23 @@ def test_the_users_max_workers_caps_every_probe_and_the_choice() -> None:
         assert capped.decision is not None
         assert max(c.setting.num_workers for c in capped.decision.candidates) <= max(2, p.user.num_workers)
         assert capped.chosen.num_workers <= max(2, p.user.num_workers)
+
+
+def test_the_measured_decomposition_rates_every_setting_the_planner_measured() -> None:
+    # benchmarks/tune_sweep.py --measured: the best measured setting's rate lies between the chosen one's (the
+    # choice is one of those measured, its persistence either way) and the best's; each measured setting's rate is
+    # the simulator's, not the planner's window.
+    from sim_sweep import _Truth
+
+    for seed in (4, 9):
+        p = generate(seed)
+        s = score(p, seed=seed, truth_steps=TRUTH_STEPS, measured=True)
+        assert s.measured_best_rate is not None and s.search_ratio is not None and s.choice_ratio is not None
+        assert s.chosen_rate <= s.measured_best_rate <= s.best_rate, s
+        assert s.choice_ratio == pytest.approx(s.chosen_rate / s.measured_best_rate)
+        truth = _Truth(p, TRUTH_STEPS)
+        tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed)
+        assert tuned.decision is not None
+        rated = [truth(c.setting) for c in tuned.decision.candidates if not c.failed]
+        assert s.measured_best_rate >= max(rated), (s, rated)
+    assert score(generate(4), seed=4, truth_steps=TRUTH_STEPS).measured_best_rate is None
