@@ -428,8 +428,8 @@ class Planner:
             return self._at(best.setting, low // 2, "the search: fewer workers, since more did not pay")
         if len(above) == 1 and _winnable(best) >= WAIT_OK and "twice" in self.rules:
             # Once, where the loop still waits: twice the count that did not pay. Beside other processes or a
-            # step's threads, several more workers win a share of the cores that one more does not.
-            far = self._at(best.setting, max(2 * above[0], above[0] + 2), "the search: twice a count that did not pay")
+            # step's threads, twice as many workers may win a share of the cores that one more did not.
+            far = self._at(best.setting, 2 * above[0], "the search: twice a count that did not pay")
             if far is not None:
                 return far
         return (self._deeper(best) if "deeper" in self.rules else None) or self._pinning(best.setting)
