@@ -71,9 +71,10 @@ def main() -> None:
         f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: each setting's {args.truth} "
         f"rate, the mean of {args.truth_seeds} runs), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
     )
-    print(table(summary(scores)))
+    figures = summary(scores)
+    print(table(figures))
     if args.measured:
-        print(f"\n{search_table(summary(scores))}")
+        print(f"\n{search_table(figures)}")
     print(f"\ntuned / best: {_histogram(scores)}")
     if args.worst < 1:
         return
