@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -718,6 +719,34 @@ def test_a_setting_that_replaces_yours_is_the_fastest_measured_beyond_the_noise(
     # Within the noise (blocks 30 % apart, one window each at 6 % faster), the same scripted counts keep yours.
     original, chosen, truth = _never_worse([40.0, 42.4], 0.3, 12, 64, 0)
     assert max(truth.values()) > truth[original] * (1 + NOISY.min_gain) and chosen == original, truth
+
+
+def _decide_scripted(rate_of: Callable[[LoaderSettings], float], spread: float) -> TuneDecision:
+    """Drive a planner from 1 worker (40 steps/s) over windows whose rates ``rate_of`` scripts, blocks ``spread``
+    apart; its decision."""
+    planner = Planner(LoaderSettings(1, 2), HostBudget(64, "cores"), NOISY, epoch_steps=2000)
+    proposal: LoaderSettings | None = planner.original
+    while proposal is not None:
+        rate = 40.0 if proposal == planner.original else rate_of(proposal)
+        proposal = planner.record(_blocky(rate, spread, 0.001, 0.05))
+    return planner.decide()
+
+
+def test_of_settings_alike_within_the_noise_the_one_with_most_batches_in_flight_is_kept() -> None:
+    # Every candidate reads 2.5 times your rate, the roomier a hair slower (0.01 % a batch in flight), in blocks 10 %
+    # apart: the windows cannot tell them apart, and the one with most batches in flight is kept.
+    decision = _decide_scripted(lambda s: 100.0 * (1 - 0.0001 * s.batches_in_flight), 0.1)
+    measured = [c.setting for c in decision.candidates if c.setting != decision.original]
+    assert len(set(measured)) >= 2, measured  # there was a choice to make
+    roomiest = max(measured, key=lambda s: s.batches_in_flight)
+    assert decision.setting.same_loader(roomiest), (decision.setting, measured)
+    assert "within the noise" in decision.reason and "more batches in flight" in decision.reason
+    # The same counts in blocks that run alike: the roomier read slower beyond the noise, and the fastest is kept.
+    steady = _decide_scripted(lambda s: 100.0 * (1 - 0.0001 * s.batches_in_flight), 0.0)
+    fastest = min(
+        (c.setting for c in steady.candidates if c.setting != steady.original), key=lambda s: s.batches_in_flight
+    )
+    assert steady.setting.same_loader(fastest) and "batches in flight" not in steady.reason, steady.reason
 
 
 def test_two_windows_joined_are_one_window_of_both() -> None:

@@ -25,6 +25,7 @@ PAYS = {
     "halve": 899,  # handover_bound: 1.00 -> 0.48
     "recheck": 874,  # bursty: 0.99 -> 0.85
     "replay_scan": 964,  # bursty: 0.99 -> 0.63
+    "roomiest": 907,  # cpu_bound: 0.91 -> 0.73
     "settle": 826,  # bursty: 1.00 -> 0.44
     "twice": 597,  # cpu_contended: 1.00 -> 0.57
     "unsure": 898,  # bursty: 0.99 -> 0.63

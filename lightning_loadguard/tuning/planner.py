@@ -17,7 +17,7 @@ One procedure (docs/tuning.md states it in five sentences):
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
 4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more than the noise
    (two standard errors of the difference, ``model.noise``); a setting replaces the user's only when it beats
-   them.
+   them: the fastest that does, or of those it does not beat, the one with the most batches in flight.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
 Plain Python, driven by measurements, so that every choice can be replayed in a unit test.
@@ -67,6 +67,7 @@ RULES = frozenset(
         "twice",  # twice a count that did not pay, once, while the loop waits
         "deeper",  # at the best count, the depth the buffer replay asks for
         "contest",  # the leader or the user's settings measured again while they could change the decision
+        "roomiest",  # of the winners the fastest does not beat beyond the noise, the most batches in flight
     }
 )
 """The rules of the procedure, each named so that the sweep can be scored without it
@@ -551,8 +552,9 @@ class Planner:
     # -- decision --------------------------------------------------------------------------------------
 
     def decide(self, *, map_style: bool = True) -> TuneDecision:
-        """The setting to keep: the fastest that beats the user's settings (:func:`beats` by ``min_gain``),
-        else the user's; with persistent workers where starting that setting's own workers was seen to cost
+        """The setting to keep: the fastest that beats the user's settings (:func:`beats` by ``min_gain``), or of
+        those it does not beat beyond the noise the one with the most batches in flight (:meth:`_roomiest`), else
+        the user's; with persistent workers where starting that setting's own workers was seen to cost
         ``persistent_min_share`` of an epoch (``map_style``: the dataset is map-style)."""
         user = self.arms.get(self.original)
         if user is None:
@@ -568,7 +570,8 @@ class Planner:
             return self._persistent_only(unmeasured, map_style)
         others = [a for a in self.arms.values() if a.setting != self.original]
         winners = [a for a in others if beats(a, user, self.options.min_gain)]
-        chosen = max(winners, key=lambda a: a.rate) if winners else user
+        fastest = max(winners, key=lambda a: a.rate) if winners else user
+        chosen = self._roomiest(fastest, winners)
         before, after = user.rate, chosen.rate
         deficit = _winnable(chosen)
         deficit = 0.0 if deficit < WAIT_OK else deficit
@@ -593,6 +596,12 @@ class Planner:
             reason = (
                 f"{after / before:.2f}x the steps/s of {self._start}" if before > 0 else f"faster than {self._start}"
             )
+            if chosen is not fastest:
+                g, noise = gain(fastest, chosen)
+                reason += (
+                    f"; {fastest.setting.label} read {g:.0%} faster, within the noise ({noise:.0%}): of the two, the "
+                    "one with more batches in flight, which absorbs what a window is too short to show"
+                )
             if deficit > 0:
                 reason += f"; {lost}"
         if bounded_by:
@@ -618,6 +627,15 @@ class Planner:
             probe_budget_steps=self.budget_steps,
             probe_cost_s=cost,
         )
+
+    def _roomiest(self, fastest: Arm, winners: list[Arm]) -> Arm:
+        """Of the ``winners`` that ``fastest`` does not beat beyond the noise, the one with the most batches in
+        flight: the windows cannot tell them apart, and over an epoch the larger buffer absorbs what a window is too
+        short to show (a loader's rare long batches, its slow workers' rounds)."""
+        if "roomiest" not in self.rules:
+            return fastest
+        alike = [a for a in winners if not beats(fastest, a, 0.0)]
+        return max(alike, key=lambda a: (a.setting.batches_in_flight, a.rate), default=fastest)
 
     def _persistent_only(self, unmeasured: TuneDecision, map_style: bool) -> TuneDecision:
         """No rate of the user's setting (its windows made no batch, as where its workers outnumber an epoch's
