@@ -721,15 +721,34 @@ def test_a_setting_that_replaces_yours_is_the_fastest_measured_beyond_the_noise(
     assert max(truth.values()) > truth[original] * (1 + NOISY.min_gain) and chosen == original, truth
 
 
-def _decide_scripted(rate_of: Callable[[LoaderSettings], float], spread: float) -> TuneDecision:
-    """Drive a planner from 1 worker (40 steps/s) over windows whose rates ``rate_of`` scripts, blocks ``spread``
-    apart; its decision."""
+def _decide_scripted(
+    rate_of: Callable[[LoaderSettings], float], spread: float, yours: tuple[float, ...] = (40.0,)
+) -> TuneDecision:
+    """Drive a planner from 1 worker over windows whose rates ``rate_of`` scripts (yours: ``yours``, window by
+    window, the last one repeated), blocks ``spread`` apart; its decision."""
     planner = Planner(LoaderSettings(1, 2), HostBudget(64, "cores"), NOISY, epoch_steps=2000)
     proposal: LoaderSettings | None = planner.original
+    visits = 0
     while proposal is not None:
-        rate = 40.0 if proposal == planner.original else rate_of(proposal)
+        if proposal == planner.original:
+            rate, visits = yours[min(visits, len(yours) - 1)], visits + 1
+        else:
+            rate = rate_of(proposal)
         proposal = planner.record(_blocky(rate, spread, 0.001, 0.05))
     return planner.decide()
+
+
+def test_your_settings_are_measured_again_while_the_leader_could_still_beat_them_by_min_gain() -> None:
+    # Every candidate reads 103 steps/s; your first window 100, the next ones 85 (it caught a fast stretch). 3 %
+    # is under min_gain, but within the noise of one window each (blocks 10 % apart): yours are measured again
+    # (free of probe steps), and the candidates replace them.
+    decision = _decide_scripted(lambda s: 103.0, 0.1, yours=(100.0, 85.0))
+    notes = [c.note for c in decision.candidates if c.setting == decision.original]
+    assert len(notes) >= 2 and "measured again" in notes[1], decision.table()
+    assert decision.verdict == "improved", decision.table()
+    # Where your windows hold their rate, the candidates' 3 % stays under min_gain and yours are kept.
+    steady = _decide_scripted(lambda s: 103.0, 0.1, yours=(100.0,))
+    assert steady.verdict == "no_gain" and steady.setting.same_loader(steady.original), steady.table()
 
 
 def test_of_settings_alike_within_the_noise_the_one_with_most_batches_in_flight_is_kept() -> None:

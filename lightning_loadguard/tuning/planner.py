@@ -524,18 +524,18 @@ class Planner:
 
     def _contest(self, *, users_only: bool = False) -> _Proposal | None:
         """The window that could still change the decision: between the user's settings and the leader of the
-        others, where the leader measured ``min_gain`` faster but not beyond the noise, or would replace the
-        user's settings measured only once: the one of the two with fewer windows (the user's on a tie: they
-        cost no probe steps), each at most ``MAX_WINDOWS``."""
+        others, where the leader's gain, give or take the noise, reaches ``min_gain`` and is not yet beyond the
+        noise (or would replace the user's settings measured only once): the one of the two with fewer windows
+        (the user's on a tie: they cost no probe steps), each at most ``MAX_WINDOWS``."""
         user = self.arms[self.original]
         others = [a for a in self.arms.values() if a.setting != self.original]
         if not others:
             return None
         rival = max(others, key=lambda a: a.rate)
         g, noise = gain(rival, user)
-        if g < self.options.min_gain:
+        if g + noise < self.options.min_gain:
             return None  # the user's settings stay whatever more windows say
-        if g > noise and user.windows > 1 and rival.windows > 1:
+        if g >= self.options.min_gain and g > noise and user.windows > 1 and rival.windows > 1:
             return None  # decided: the rival replaces them
         if users_only and user.windows > 1:
             return None
