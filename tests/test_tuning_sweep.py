@@ -1,7 +1,8 @@
-"""The tuner on 100 simulated pipelines (the first seeds of benchmarks/tune_sweep.py's sweep), scored against
-the simulator's ground truth (rates over an epoch as training runs it, 250 steps simulated where the full sweep
-simulates 600): a regression check of the figures in benchmarks/RESULTS.md, whose thresholds sit under this
-subset's own figures by a few pipelines."""
+"""The tuner on 100 simulated pipelines (the first seeds of benchmarks/tune_sweep.py's sweep), scored against the
+simulator's ground truth (rates over an epoch as training runs it, the mean of two runs of 250 steps where the full
+sweep simulates one of 600: one short run of a heavy-tailed loader can draw a rare long batch that moves a setting's
+rate by a third, bursty-34's 70 workers 11.1 steps/s in one run, 18.4 over four): a regression check of the figures
+in benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a few pipelines."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from lightning_loadguard.tuning.options import TuneOptions
 
 SUBSET = 100
 TRUTH_STEPS = 250
-AT_95 = 0.87  # measured 0.91
-P1 = 0.60  # measured 0.72
+TRUTH_SEEDS = 2
+AT_95 = 0.87  # measured 0.93
+P1 = 0.60  # measured 0.66
 BELOW_USER = 0.01  # measured 0.00: at most one pipeline
 
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, dict[str, float]]:
-    return summary(score(generate(seed), seed=seed, truth_steps=TRUTH_STEPS) for seed in range(SUBSET))
+    return summary(
+        score(generate(seed), seed=seed, truth_steps=TRUTH_STEPS, truth_seeds=TRUTH_SEEDS) for seed in range(SUBSET)
+    )
 
 
 def test_the_subset_spans_every_family(figures: dict[str, dict[str, float]]) -> None:

@@ -17,6 +17,11 @@ BLOCK_STEPS = 4
 SIGMAS = 2.0
 """Two rates closer than this many standard errors (of the two together) are not told apart."""
 
+RESOLUTION = 0.01
+"""Two settings' rates closer than this share are taken as alike by the tuner's choice between settings that both
+beat yours, whatever their windows' blocks say: a window whose blocks run alike (a step bound by the accelerator, a
+full buffer) shows no spread, yet an epoch's rate varies about 1 % from run to run."""
+
 
 def block_rates(loop_s: Sequence[float], block: int = BLOCK_STEPS) -> list[float]:
     """Steps/s of each whole block of ``block`` consecutive steps, from each step's loop time (wait + step).

@@ -17,7 +17,8 @@ One procedure (docs/tuning.md states it in five sentences):
    decision (the leader, or the user's settings, which cost no probe steps, whichever has fewer windows).
 4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more than the noise
    (two standard errors of the difference, ``model.noise``); a setting replaces the user's only when it beats
-   them: the fastest that does, or of those it does not beat, the one with the most batches in flight.
+   them: the fastest that does, or of those it read faster than by no more than the noise (nor 1 %), the one
+   with the most batches in flight.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
 Plain Python, driven by measurements, so that every choice can be replayed in a unit test.
@@ -34,7 +35,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.capacity import WAIT_OK, recommend_prefetch, replayed_wait, workers_needed
-from lightning_loadguard.model.noise import BLOCK_STEPS, block_rates, comparison_noise, relative_error
+from lightning_loadguard.model.noise import BLOCK_STEPS, RESOLUTION, block_rates, comparison_noise, relative_error
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 
@@ -599,8 +600,8 @@ class Planner:
             if chosen is not fastest:
                 g, noise = gain(fastest, chosen)
                 reason += (
-                    f"; {fastest.setting.label} read {g:.0%} faster, within the noise ({noise:.0%}): of the two, the "
-                    "one with more batches in flight, which absorbs what a window is too short to show"
+                    f"; {fastest.setting.label} read {g:.0%} faster, within the noise ({max(noise, RESOLUTION):.0%}): "
+                    "of the two, the one with more batches in flight, which absorbs what a window is too short to show"
                 )
             if deficit > 0:
                 reason += f"; {lost}"
@@ -629,13 +630,23 @@ class Planner:
         )
 
     def _roomiest(self, fastest: Arm, winners: list[Arm]) -> Arm:
-        """Of the ``winners`` that ``fastest`` does not beat beyond the noise, the one with the most batches in
-        flight: the windows cannot tell them apart, and over an epoch the larger buffer absorbs what a window is too
-        short to show (a loader's rare long batches, its slow workers' rounds)."""
+        """Of the ``winners`` that ``fastest`` measured faster by no more than the noise (nor than
+        :data:`~lightning_loadguard.model.noise.RESOLUTION`), the one with the most batches in flight: the windows
+        cannot tell them apart, and over an epoch the larger buffer absorbs what a window is too short to show (a
+        loader's rare long batches, its slow workers' rounds)."""
         if "roomiest" not in self.rules:
             return fastest
-        alike = [a for a in winners if not beats(fastest, a, 0.0)]
-        return max(alike, key=lambda a: (a.setting.batches_in_flight, a.rate), default=fastest)
+
+        def alike(arm: Arm) -> bool:
+            g, noise = gain(fastest, arm)
+            return g <= max(noise, RESOLUTION)
+
+        def room(arm: Arm) -> tuple[int, bool, float]:
+            # The workers' buffer (a pinned copy is no room), then unpinned: pinning is kept only where it paid.
+            s = arm.setting
+            return s.num_workers * s.prefetch, not s.pin_memory, arm.rate
+
+        return max(filter(alike, winners), key=room, default=fastest)
 
     def _persistent_only(self, unmeasured: TuneDecision, map_style: bool) -> TuneDecision:
         """No rate of the user's setting (its windows made no batch, as where its workers outnumber an epoch's
