@@ -1,8 +1,8 @@
 """The tuner on 100 simulated pipelines (the first seeds of benchmarks/tune_sweep.py's sweep), scored against the
 simulator's ground truth (rates over an epoch as training runs it, the mean of two runs of 250 steps where the full
 sweep simulates one of 600: one short run of a heavy-tailed loader can draw a rare long batch that moves a setting's
-rate by a third, bursty-34's 70 workers 11.1 steps/s in one run, 18.4 over four): a regression check of the figures
-in benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a few pipelines."""
+rate by a third, benchmarks/RESULTS.md shows one): a regression check of the figures in benchmarks/RESULTS.md, whose
+thresholds sit under this subset's own figures by a few pipelines."""
 
 from __future__ import annotations
 

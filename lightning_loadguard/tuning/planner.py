@@ -68,7 +68,7 @@ RULES = frozenset(
         "twice",  # twice a count that did not pay, once, while the loop waits
         "deeper",  # at the best count, the depth the buffer replay asks for
         "contest",  # the leader or the user's settings measured again while they could change the decision
-        "roomiest",  # of the winners the fastest does not beat beyond the noise, the most batches in flight
+        "roomiest",  # of the winners that read alike (within the noise, nor 1 %), the most batches in flight
     }
 )
 """The rules of the procedure, each named so that the sweep can be scored without it
@@ -536,7 +536,7 @@ class Planner:
         g, noise = gain(rival, user)
         if g + noise < self.options.min_gain:
             return None  # the user's settings stay whatever more windows say
-        if g >= self.options.min_gain and g > noise and user.windows > 1 and rival.windows > 1:
+        if beats(rival, user, self.options.min_gain) and user.windows > 1 and rival.windows > 1:
             return None  # decided: the rival replaces them
         if users_only and user.windows > 1:
             return None
@@ -554,9 +554,9 @@ class Planner:
 
     def decide(self, *, map_style: bool = True) -> TuneDecision:
         """The setting to keep: the fastest that beats the user's settings (:func:`beats` by ``min_gain``), or of
-        those it does not beat beyond the noise the one with the most batches in flight (:meth:`_roomiest`), else
-        the user's; with persistent workers where starting that setting's own workers was seen to cost
-        ``persistent_min_share`` of an epoch (``map_style``: the dataset is map-style)."""
+        those it read faster than by no more than the noise (nor 1 %) the one with the most batches in flight
+        (:meth:`_roomiest`), else the user's; with persistent workers where starting that setting's own workers
+        was seen to cost ``persistent_min_share`` of an epoch (``map_style``: the dataset is map-style)."""
         user = self.arms.get(self.original)
         if user is None:
             unmeasured = TuneDecision.of(
