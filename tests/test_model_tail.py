@@ -1,0 +1,79 @@
+"""The tail of the production times (``model/tail.py``) against draws from known distributions and the buffer replay."""
+
+from __future__ import annotations
+
+import random
+from statistics import fmean
+
+import pytest
+
+from lightning_loadguard.model.buffer import simulate_buffer
+from lightning_loadguard.model.tail import Tail, fit_tail, tail_depth, tail_wait
+
+
+def _pareto(index: float, scale_s: float, count: int, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [scale_s * rng.paretovariate(index) for _ in range(count)]
+
+
+@pytest.mark.parametrize("index", [1.5, 2.5, 4.0])
+def test_the_fit_recovers_a_pareto_tails_index_and_where_it_starts(index: float) -> None:
+    times = _pareto(index, 0.02, 20_000)
+    tail = fit_tail(times)
+    assert tail is not None and tail.share == 0.25
+    assert tail.index == pytest.approx(index, rel=0.06)
+    # A Pareto's upper quarter starts at scale x 4 ** (1 / index).
+    assert tail.threshold_s == pytest.approx(0.02 * 4 ** (1 / index), rel=0.03)
+
+
+def test_no_tail_is_fitted_to_too_few_times_nor_to_equal_ones() -> None:
+    assert fit_tail([0.01 * k for k in range(1, 10)]) is None  # 9 < 2 x 5
+    assert fit_tail([0.05] * 100) is None
+    assert fit_tail([0.0] * 50 + [0.05] * 5) is None  # only positive times count
+    with pytest.raises(ValueError, match="top_share"):
+        fit_tail([0.1] * 20, top_share=1.0)
+    with pytest.raises(ValueError, match="min_top"):
+        fit_tail([0.1] * 20, min_top=0)
+
+
+@pytest.mark.parametrize("cover_s", [0.04, 0.08, 0.16])
+def test_the_expected_excess_is_the_mean_excess_of_draws_from_the_tail(cover_s: float) -> None:
+    # The whole Pareto (share 1 above its scale), index 3: the mean of max(0, X - cover) over 200,000 draws.
+    draws = _pareto(3.0, 0.02, 200_000)
+    drawn = fmean(max(0.0, x - cover_s) for x in draws)
+    assert Tail(3.0, 0.02, 1.0).excess_s(cover_s) == pytest.approx(drawn, rel=0.1)
+    # Below the threshold the excess is the tail's beyond it and its share of the rest: X - cover for every draw.
+    assert Tail(3.0, 0.02, 1.0).excess_s(0.01) == pytest.approx(fmean(draws) - 0.01, rel=0.02)
+    assert Tail(1.0, 0.02, 1.0).excess_s(cover_s) == float("inf")  # no finite mean
+
+
+def test_the_tails_wait_is_the_replays_where_one_long_read_at_a_time_stalls_the_loop() -> None:
+    # Eight workers at a quarter of their capacity (reads of 20 ms on average, Pareto index 4), a 10 ms step: the
+    # buffer replay of 200,000 draws waits as the tail says where one batch each covers, and no more where more do
+    # (the model counts each long read whole; the replay meets fewer of the longest).
+    draws = _pareto(4.0, 0.015, 200_000)
+    tail = Tail(4.0, 0.015, 1.0)
+    for depth in (1, 2, 3):
+        replayed = simulate_buffer(draws, [0.01], num_workers=8, prefetch_factor=depth, record_levels=False)
+        model = tail_wait(tail, batches_in_flight=8 * depth, period_s=0.01)
+        assert replayed.wait_fraction <= model * 1.1, depth
+        if depth == 1:
+            assert replayed.wait_fraction == pytest.approx(model, rel=0.15)
+
+
+def test_the_depth_is_the_fewest_whose_wait_is_under_the_tolerance_within_the_deepest() -> None:
+    tail = Tail(2.5, 0.1, 0.25)
+
+    def wait(depth: int) -> float:  # by hand: excess share x scale x (cover / scale) ** -1.5 / 1.5, over the period
+        cover = depth * 4 * 0.05
+        excess = 0.25 * 0.1 * (cover / 0.1) ** -1.5 / 1.5
+        return excess / (0.05 + excess)
+
+    depth = tail_depth(tail, num_workers=4, period_s=0.05, deepest=8)
+    assert wait(depth) < 0.02 <= wait(depth - 1)
+    assert tail_depth(tail, num_workers=4, period_s=0.05, deepest=2) == 2  # the wall
+    assert tail_depth(Tail(1.1, 0.1, 0.25), num_workers=4, period_s=0.02, deepest=8) == 8
+    with pytest.raises(ValueError, match="num_workers"):
+        tail_depth(tail, num_workers=0, period_s=0.05, deepest=8)
+    with pytest.raises(ValueError, match="period_s"):
+        tail_wait(tail, batches_in_flight=8, period_s=0.0)
