@@ -1025,3 +1025,71 @@ def test_a_probe_whose_window_made_no_batch_is_measured_again_not_judged_at_zero
     while (step := planner.record(window(80.0 if planner.current == probe else 10.0, 0.010, 0.100))) is not None:
         assert step is not None
     assert planner.decide().setting.num_workers >= probe.num_workers
+
+
+# -- the tail's depth -------------------------------------------------------------------------------------
+
+
+def _pareto_times(index: float, mean_s: float, count: int) -> tuple[float, ...]:
+    """``count`` times at evenly spaced quantiles of a Pareto tail of ``index`` with mean ``mean_s`` (a heavy-tailed
+    read: the longest of them many times the mean), in an order that spreads the long ones."""
+    scale = mean_s * (index - 1) / index
+    times = [scale * (1 - (k + 0.5) / count) ** (-1 / index) for k in range(count)]
+    return tuple(times[(k * 7) % count] for k in range(count))
+
+
+def _decide_on_times(
+    production_s: tuple[float, ...], cpu_share: float, candidates: float, budget: HostBudget
+) -> tuple[Planner, TuneDecision]:
+    """Drive a planner from 1 worker: your windows read 40 steps/s, every other setting ``candidates``, the loop's
+    step 10 ms; each window's workers made ``production_s``, ``cpu_share`` of it on a core. The planner and its
+    decision."""
+    planner = Planner(LoaderSettings(1, 2), budget, NOISY, epoch_steps=2000)
+    proposal: LoaderSettings | None = planner.original
+    while proposal is not None:
+        rate = 40.0 if proposal == planner.original else candidates
+        steps = NOISY.window_steps
+        assert steps is not None
+        proposal = planner.record(
+            WindowSnapshot(
+                wait_s=(max(0.0, 1 / rate - 0.01),) * steps,
+                step_s=(0.01,) * steps,
+                production_s=production_s,
+                production_cpu_s=tuple(t * cpu_share for t in production_s),
+                batches_made=steps,
+            )
+        )
+    return planner, planner.decide()
+
+
+def test_a_heavy_tailed_read_gets_the_depth_its_tail_asks_for_at_the_chosen_count() -> None:
+    # Reads of 50 ms on average with a Pareto tail of index 2.2, on workers that wait (2 % on a core), a 10 ms step:
+    # a window of 24 steps sees none of the reads an epoch of 2,000 meets (1 in 1,000 takes over 20 x the mean), so
+    # every count that keeps up reads alike. At the chosen count the depth is the one whose cover leaves the
+    # expected wait of the true tail (its index and scale, not the fit) under 2 %.
+    heavy = _pareto_times(2.2, 0.05, 24)
+    planner, decision = _decide_on_times(heavy, 0.02, 100.0, HostBudget(64, "cores"))
+    assert planner.chosen is not None and decision.verdict == "improved", decision.table()
+    measured, workers = planner.chosen.setting.prefetch, decision.num_workers
+    assert decision.prefetch_factor > measured, decision.table()
+    assert "tail" in decision.reason and f"measured at {measured}" in decision.reason
+
+    def true_wait(depth: int) -> float:  # E[max(0, X - cover)] of the Pareto itself, cover = depth x workers x 10 ms
+        scale, cover = 0.05 * 1.2 / 2.2, depth * workers * 0.01
+        return scale**2.2 * cover ** (1 - 2.2) / 1.2 / 0.01
+
+    assert true_wait(decision.prefetch_factor) < 0.03 and true_wait(measured) > 0.02, decision.table()
+    # The same reads computed (90 % on a core): more batches in flight would compute at once at an epoch's start.
+    _, computed = _decide_on_times(heavy, 0.9, 100.0, HostBudget(64, "cores"))
+    assert "tail" not in computed.reason and any(c.setting.same_loader(computed.setting) for c in computed.candidates)
+    # Reads without a tail (all 50 ms): the depth measured.
+    _, steady = _decide_on_times((0.05,) * 24, 0.02, 100.0, HostBudget(64, "cores"))
+    assert steady.verdict == "improved" and "tail" not in steady.reason, steady.table()
+    assert any(c.setting.same_loader(steady.setting) for c in steady.candidates)
+    # Your settings kept (nothing read faster): kept as they are, tail or not.
+    _, kept = _decide_on_times(heavy, 0.02, 40.0, HostBudget(64, "cores"))
+    assert kept.setting.same_loader(kept.original), kept.table()
+    # Memory holds 24 batches in flight: the depth stops at the wall.
+    walled = HostBudget(64, "cores", max_in_flight=24, memory_bound="host_memory")
+    _, at_wall = _decide_on_times(heavy, 0.02, 100.0, walled)
+    assert at_wall.setting.batches_in_flight <= 24, at_wall.table()

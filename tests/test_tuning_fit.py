@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import re
 import time
 import warnings
@@ -912,3 +913,39 @@ def test_an_iterable_with_workers_gets_the_deeper_prefetch_from_the_next_epoch_a
     assert set(made_prefetch[epoch:]) == {decision.prefetch_factor}, made_prefetch
     assert set(made.made) == {2}
     assert sorted(seen[: 4 * epoch]) == sorted(seen[4 * epoch :]) == list(range(length))
+
+
+class TailedReads(torch.utils.data.Dataset):
+    """Reads that sleep a Pareto-distributed time (index 1.5, mean 20 ms), fixed per sample: most take under 10 ms,
+    one in a hundred over 140 ms, so that a few dozen reads show the tail and rarely its longest."""
+
+    def __init__(self, length: int) -> None:
+        self.length, self.scale = length, 0.02 / 3
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.scale * (1 - random.Random(index).random()) ** (-1 / 1.5))
+        return torch.tensor(index), torch.zeros(16)
+
+
+def test_heavy_tailed_reads_run_at_the_depth_the_tail_asks_for_in_the_untuned_order() -> None:
+    # At most 8 workers: their 16 batches in flight cover under a tenth of a second of reads, which one read in fifty
+    # outlasts (the depth at many more workers is the sweep's to judge, not a live test's).
+    options = TuneOptions(warmup_steps=2, window_steps=12, tune_persistent_workers=False, max_workers=8)
+
+    def loader() -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return DataLoader(TailedReads(400), batch_size=1, num_workers=1, shuffle=True)
+
+    untuned, _, _ = fit(loader(), False)
+    tuned, guard, trainer = fit(loader(), options)
+    decision = guard.decision
+    assert decision is not None and decision.verdict == "improved", decision and decision.table()
+    measured = {c.setting.prefetch_factor for c in decision.candidates if c.setting.num_workers == decision.num_workers}
+    assert decision.prefetch_factor > max(measured) and "tail" in decision.reason, decision.table()
+    assert trainer.train_dataloader.prefetch_factor == decision.prefetch_factor
+    assert trainer.train_dataloader.num_workers == decision.num_workers
+    assert tuned == untuned  # both epochs: the switch to the deeper buffer mid-epoch loses and repeats nothing
+    assert guard._tuner is not None and guard._tuner._session._reference is not None  # the decision is watched

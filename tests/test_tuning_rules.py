@@ -19,7 +19,7 @@ from lightning_loadguard.tuning.planner import RULES
 # A pipeline each rule helps on the sweep by far (most of them the one it helps most: benchmarks/RESULTS.md, the
 # ablation table), and its tuned / best with the rule and without it there.
 PAYS = {
-    "bisect": 808,  # bursty: 1.00 -> 0.71
+    "bisect": 64,  # bursty: 0.92 -> 0.66
     "contest": 804,  # io_bound: 1.00 -> 0.42
     "estimate": 637,  # cpu_bound: 0.97 -> 0.05
     "halve": 899,  # handover_bound: 1.00 -> 0.48
@@ -27,6 +27,7 @@ PAYS = {
     "replay_scan": 964,  # bursty: 0.99 -> 0.63
     "roomiest": 907,  # cpu_bound: 0.91 -> 0.73
     "settle": 826,  # bursty: 1.00 -> 0.44
+    "tail_depth": 484,  # bursty: 0.99 -> 0.54
     "twice": 597,  # cpu_contended: 1.00 -> 0.57
     "unsure": 898,  # bursty: 0.99 -> 0.63
 }

@@ -18,7 +18,8 @@ One procedure (docs/tuning.md states it in five sentences):
 4. One comparison decides: a setting beats another when it is faster by ``min_gain`` and by more than the noise
    (two standard errors of the difference, ``model.noise``); a setting replaces the user's only when it beats
    them: the fastest that does, or of those it read faster than by no more than the noise (nor 1 %), the one
-   with the most batches in flight.
+   with the most batches in flight; where its workers keep up and mostly wait, at the depth whose buffer covers
+   the tail fitted to every production time measured (:mod:`lightning_loadguard.model.tail`) over an epoch.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
 Plain Python, driven by measurements, so that every choice can be replayed in a unit test.
@@ -34,8 +35,9 @@ from typing import Protocol
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
-from lightning_loadguard.model.capacity import WAIT_OK, recommend_prefetch, replayed_wait, workers_needed
+from lightning_loadguard.model.capacity import WAIT_OK, has_deficit, recommend_prefetch, replayed_wait, workers_needed
 from lightning_loadguard.model.noise import BLOCK_STEPS, RESOLUTION, block_rates, comparison_noise, relative_error
+from lightning_loadguard.model.tail import Tail, fit_tail, tail_depth, tail_wait
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 
@@ -54,6 +56,11 @@ MAX_REPLAYS = 48
 MAX_WINDOWS = 3
 """Windows an arm is measured at most: a third halves the noise of one; more buy little for their steps."""
 
+TAIL_CPU_SHARE = 0.5
+"""The tail's depth is for workers that mostly wait (on reads) while busy: below this share of a core. Workers that
+compute would, with more batches in flight, all compute at once at an epoch's start and take the cores from the
+batches the loop needs first (on the sweep, CPU-bound pipelines ran up to 0.15 of the best slower)."""
+
 RULES = frozenset(
     {
         "recheck",  # a loop that hardly waited is measured again, up to MAX_WINDOWS, before it is compute-bound
@@ -69,6 +76,7 @@ RULES = frozenset(
         "deeper",  # at the best count, the depth the buffer replay asks for
         "contest",  # the leader or the user's settings measured again while they could change the decision
         "roomiest",  # of the winners that read alike (within the noise, nor 1 %), the most batches in flight
+        "tail_depth",  # the chosen count's depth deepened to absorb the production times' fitted tail over an epoch
     }
 )
 """The rules of the procedure, each named so that the sweep can be scored without it
@@ -221,6 +229,8 @@ class Planner:
         self._clamped: str | None = None
         self._startups: dict[LoaderSettings, float] = {}
         self._loop_s: dict[LoaderSettings, tuple[int, float]] = {}  # steps and loop time of every window, rated or not
+        self.chosen: Arm | None = None
+        """The arm the latest decision rests on (its depth may be deeper: :meth:`_tail`)."""
 
     @property
     def measurements(self) -> dict[LoaderSettings, WindowSnapshot]:
@@ -607,7 +617,31 @@ class Planner:
                 reason += f"; {lost}"
         if bounded_by:
             reason += f" (bounded by {bounded_by})"
-        persistent = chosen.setting.persistent_workers
+        setting = chosen.setting
+        tail = self._tail(chosen) if chosen is not user else None
+        if tail is not None:
+            deepest = self.budget.deepest_prefetch(
+                setting.num_workers, self.options.max_prefetch, pin_memory=setting.pin_memory
+            )
+            depth = (
+                tail_depth(tail, num_workers=setting.num_workers, period_s=1.0 / after, deepest=deepest)
+                if deepest > setting.prefetch
+                else setting.prefetch
+            )
+            if depth > setting.prefetch:
+                waits = [
+                    tail_wait(tail, batches_in_flight=setting.num_workers * d, period_s=1.0 / after)
+                    for d in (setting.prefetch, depth)
+                ]
+                reason += (
+                    f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail "
+                    f"(index {tail.index:.1f}), reads longer than the batches in flight cover would leave the loop "
+                    f"waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} at {depth}), which no window is long "
+                    "enough to show"
+                )
+                setting = replace(setting, prefetch_factor=depth)
+        self.chosen = chosen
+        persistent = setting.persistent_workers
         if not persistent and self._persistent(chosen.setting, after, map_style):
             persistent = True
             if chosen is user:
@@ -615,7 +649,7 @@ class Planner:
                 reason += f"; persistent_workers turned on: {_start_against_steps(startup, self.epoch_steps / after)}"
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
-            replace(chosen.setting, persistent_workers=persistent),
+            replace(setting, persistent_workers=persistent),
             throughput_before=before,
             throughput_after=after,
             bounded_by=bounded_by,
@@ -647,6 +681,24 @@ class Planner:
             return s.num_workers * s.prefetch, not s.pin_memory, arm.rate
 
         return max(filter(alike, winners), key=room, default=fastest)
+
+    def _tail(self, chosen: Arm) -> Tail | None:
+        """The tail of every production time measured with workers (a window holds a few dozen; the tail needs all
+        of them), where the chosen setting's workers keep up in its window and mostly wait while busy
+        (:data:`TAIL_CPU_SHARE`): the buffer it sizes absorbs variation, never a deficit."""
+        s, w = chosen.setting, chosen.window
+        share = w.cpu_share
+        if (
+            "tail_depth" not in self.rules
+            or s.num_workers < 1
+            or chosen.rate <= 0
+            or share is None
+            or share >= TAIL_CPU_SHARE
+            or not (w.production_s and w.step_s)
+            or has_deficit(w.production_s, w.step_s, s.num_workers)
+        ):
+            return None
+        return fit_tail([t for a in self.arms.values() if a.setting.num_workers for t in a.window.production_s])
 
     def _persistent_only(self, unmeasured: TuneDecision, map_style: bool) -> TuneDecision:
         """No rate of the user's setting (its windows made no batch, as where its workers outnumber an epoch's

@@ -978,8 +978,9 @@ class TuningSession:
         self._reference = None
         if not self._watchable(decision) or self._tap is None or planner is None:
             return
-        arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), None)
-        if arm is None or arm.rate <= 0:
+        # The arm the decision rests on: its own setting's, or at a depth the tail deepened, the one measured.
+        arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), planner.chosen)
+        if arm is None or arm.rate <= 0 or arm.setting.num_workers != decision.num_workers:
             return
         self._reference, self._watch_steps = WatchReference.of(arm), planner.window_steps
         self._watch_from_now()
