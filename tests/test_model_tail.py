@@ -30,6 +30,9 @@ def test_no_tail_is_fitted_to_too_few_times_nor_to_equal_ones() -> None:
     assert fit_tail([0.01 * k for k in range(1, 10)]) is None  # 9 < 2 x 5
     assert fit_tail([0.05] * 100) is None
     assert fit_tail([0.0] * 50 + [0.05] * 5) is None  # only positive times count
+    # A few slow reads of one length among fast ones (a cache miss in ten): no Pareto tail, whatever index it fits.
+    assert fit_tail([0.001] * 90 + [0.1] * 10) is None
+    assert fit_tail(_pareto(0.8, 0.02, 2_000)) is None  # no mean
     with pytest.raises(ValueError, match="top_share"):
         fit_tail([0.1] * 20, top_share=1.0)
     with pytest.raises(ValueError, match="min_top"):

@@ -66,7 +66,9 @@ class Tail:
 def fit_tail(times_s: Sequence[float], *, top_share: float = TOP_SHARE, min_top: int = MIN_TOP) -> Tail | None:
     """The Hill estimate of the upper tail of ``times_s``: the longest ``top_share`` of them (at least
     ``min_top``) against the next longest, the threshold. ``None`` with fewer than ``2 * min_top`` positive
-    times, or where the longest times are all equal (no tail to fit).
+    times, where the longest times are all equal (no tail to fit), or where the index fitted is 1 or less: such a
+    tail has no mean, so the longest times are not a Pareto tail but a few slow reads of one length among fast
+    ones (their depth is the buffer replay's to size, :func:`~lightning_loadguard.model.capacity.recommend_prefetch`).
 
     Example:
         Forty times at evenly spaced quantiles of a Pareto tail of index 3 from 0.1 s:
@@ -76,6 +78,8 @@ def fit_tail(times_s: Sequence[float], *, top_share: float = TOP_SHARE, min_top:
         >>> round(tail.index, 1), round(tail.threshold_s, 3), tail.share
         (3.0, 0.156, 0.25)
         >>> fit_tail([0.2] * 40) is None
+        True
+        >>> fit_tail([0.001] * 36 + [0.1] * 4) is None  # one read in ten 100 times longer: index 0.54
         True
     """
     if not 0.0 < top_share < 1.0:
@@ -89,7 +93,7 @@ def fit_tail(times_s: Sequence[float], *, top_share: float = TOP_SHARE, min_top:
         return None
     threshold = longest[top]
     spread = math.fsum(math.log(t / threshold) for t in longest[:top])
-    if spread <= 0:
+    if spread <= 0 or top / spread <= 1.0:
         return None
     return Tail(index=top / spread, threshold_s=threshold, share=top / n)
 
