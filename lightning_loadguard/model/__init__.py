@@ -1,7 +1,7 @@
 """The framework-agnostic core: bounded-buffer model, capacity arithmetic and diagnosis rules.
 
 This namespace holds what the adapters use: :func:`diagnose` and its result types. The arithmetic lives in
-its modules (:mod:`.buffer`, :mod:`.budget`, :mod:`.capacity`, :mod:`.drain`), which are internal.
+its modules (:mod:`.buffer`, :mod:`.budget`, :mod:`.capacity`, :mod:`.drain`, :mod:`.tail`), which are internal.
 
 Example:
     >>> from lightning_loadguard.model.capacity import recommend_prefetch
