@@ -284,14 +284,19 @@ def test_a_fit_resumed_onto_a_heavier_data_phase_probes_the_stored_decision_agai
     # The first fit decides on the light phase and stops mid-way through epoch 1; the resumed one runs heavy from
     # its first step, as after a move to a slower host. It watches the stored decision against what the decision
     # measured, probes again, and keeps every sample once in the untuned order.
+    # Where the host's load makes the watch's 6-step windows noisier than the change (docs/tuning.md, Limits), the
+    # pair of fits is run again, once; the order holds in every run.
     ckpt = tmp_path / "light.ckpt"
     untuned, _ = _resumable_fit(ckpt, False, heavy_from=-1)
-    first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=-1, stop=LENGTH // BATCH + 30)
-    stored = clock.decision_at_stop
-    assert stored is not None and len(first) == LENGTH + 30 * BATCH
-    rest, resumed = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True)
-    assert first + rest == untuned
-    decision = resumed.guard.decision
+    for attempt in range(2):
+        first, clock = _resumable_fit(ckpt, OPTIONS, heavy_from=-1, stop=LENGTH // BATCH + 30)
+        stored = clock.decision_at_stop
+        assert stored is not None and len(first) == LENGTH + 30 * BATCH
+        rest, resumed = _resumable_fit(ckpt, OPTIONS, heavy_from=1, resume=True)
+        assert first + rest == untuned
+        decision = resumed.guard.decision
+        if decision.retunes > stored.retunes or attempt:
+            break
     assert decision.retunes > stored.retunes, (stored.table(), decision.table())
     assert decision.num_workers > stored.num_workers, (stored.table(), decision.table())
     assert decision.original.num_workers == 1  # the user's settings, for the next resume
