@@ -59,7 +59,7 @@ MAX_WINDOWS = 3
 TAIL_CPU_SHARE = 0.5
 """The tail's depth is for workers that mostly wait (on reads) while busy: below this share of a core. Workers that
 compute would, with more batches in flight, all compute at once at an epoch's start and take the cores from the
-batches the loop needs first (on the sweep, CPU-bound pipelines ran up to 0.15 of the best slower)."""
+batches the loop needs first (benchmarks/RESULTS.md, "What changed": the sweep without this gate)."""
 
 RULES = frozenset(
     {
