@@ -1,5 +1,5 @@
-"""A test program that hangs fails with each of its processes' stacks, one process at a time, and leaves none
-behind (programs.py: what a DDP hang in CI shows)."""
+"""A test program that hangs fails with where each process's threads were, then each process's stacks, one
+process at a time, and leaves none behind (programs.py: what a DDP hang in CI shows)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,24 @@ def test_a_hanging_program_fails_with_every_process_stack_under_its_own_header(t
     with pytest.raises(pytest.fail.Exception) as failure:
         run_program([script], timeout=3)
     text = str(failure.value)
-    assert "started" in text
-    blocks = text.split("===== pid ")[1:]
+    summary, *blocks = text.split("\n===== pid ")
     assert len(blocks) == 3, text
+    # The opening names each process and its innermost frames, the program first: what CI keeps of a long failure.
+    where = summary.splitlines()[1:]
+    assert [line.split()[:2] for line in where if line.startswith("  pid")] == [["pid", b.split()[0]] for b in blocks]
+    # Each thread's innermost frames, on one line: the children's sleep and the parent's join, from where they wait.
+    assert [line.split(": ", 1)[1].split(" < ")[0].split()[-1] for line in where if line.startswith("    ")] == [
+        "poll",
+        "waits_in_the_child",
+        "waits_in_the_child",
+    ], summary
     pids = [int(block.split()[0]) for block in blocks]
-    # Leaves first, each block the stack of its own process only: the children's, then the parent's.
-    for child in blocks[:2]:
+    parent, children = blocks[0], blocks[1:]
+    # Each block the stack of its own process only: the program's, then its children's, each naming its parent.
+    assert "waits_in_the_parent" in parent and "waits_in_the_child" not in parent, parent
+    for child in children:
         assert "waits_in_the_child" in child and "waits_in_the_parent" not in child, child
+        assert f"(parent {pids[0]}, depth 1)" in child
         assert "thread" in child and "waits in" in child
-    assert "waits_in_the_parent" in blocks[2] and "waits_in_the_child" not in blocks[2], blocks[2]
+    assert "started" in text.split("----- the program's stdout")[1]
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
