@@ -27,7 +27,7 @@ from sim_sweep import generate
 from workloads import commit
 
 from lightning_loadguard.meters.settings import LoaderSettings
-from lightning_loadguard.tuning.planner import Arm
+from lightning_loadguard.tuning.arms import Arm
 
 
 def _ratio(pipeline: SimPipeline, setting: LoaderSettings, windows: int, steps: int) -> float | None:

@@ -27,8 +27,9 @@ from sim_sweep import _Truth, generate, grid_best
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.tuning.arms import Arm
 from lightning_loadguard.tuning.options import TuneOptions
-from lightning_loadguard.tuning.planner import Arm, Planner
+from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.session import (
     _PROBES_WANTED,
     _WATCHED,

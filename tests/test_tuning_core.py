@@ -16,9 +16,11 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot, cpu_share
 from lightning_loadguard.model.budget import HostBudget, host_budget
 from lightning_loadguard.model.capacity import recommend_prefetch, replayed_wait
+from lightning_loadguard.tuning.arms import Arm, beats, gain
 from lightning_loadguard.tuning.decision import TuneDecision
+from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions
-from lightning_loadguard.tuning.planner import Arm, Planner, beats, gain, model_only_decision
+from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.session import _span_choices, _spanning_planner
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6)
@@ -974,7 +976,7 @@ def test_a_producer_thousands_of_times_slower_than_the_step_costs_a_few_replays(
 ) -> None:
     # Little's law asks for 500 workers (0.5 s a batch against a 1 ms step); searching every count up to four times
     # that by buffer replay took minutes inside one training step.
-    from lightning_loadguard.tuning import planner as planner_module
+    from lightning_loadguard.tuning import search as search_module
 
     replays: list[int] = []
 
@@ -982,13 +984,13 @@ def test_a_producer_thousands_of_times_slower_than_the_step_costs_a_few_replays(
         replays.append(1)
         return 1.0  # bursts no count absorbs: the scan's longest path
 
-    monkeypatch.setattr(planner_module, "replayed_wait", never_absorbed)
+    monkeypatch.setattr(search_module, "replayed_wait", never_absorbed)
     budget = HostBudget(2, "cores", user_max_workers=cap)
     planner = Planner(LoaderSettings(1, 2), budget, FAST, epoch_steps=400)
     proposal = planner.record(window(2.0, 0.001, 0.5))
     assert proposal is not None
-    assert proposal.num_workers <= (cap or planner_module.MAX_SEARCH_WORKERS)
-    assert len(replays) <= planner_module.MAX_REPLAYS
+    assert proposal.num_workers <= (cap or search_module.MAX_SEARCH_WORKERS)
+    assert len(replays) <= search_module.MAX_REPLAYS
 
 
 def test_a_window_that_made_no_batch_is_shown_without_a_rate_and_joins_its_arm() -> None:

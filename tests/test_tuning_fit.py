@@ -112,22 +112,24 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from lightning_loadguard.tuning import planner as planner_module
-    from lightning_loadguard.tuning.planner import _Proposal
+    from lightning_loadguard.tuning import search as search_module
+    from lightning_loadguard.tuning.search import Proposal
 
-    def two_workers_once(self: Any) -> Any:
-        return None if len(self.results) > 1 else _Proposal(replace(self.original, num_workers=2), "a candidate")
+    def two_workers_once(self: Any, arms: Any) -> Any:
+        yours = next(iter(arms))  # measured first
+        return None if len(arms) > 1 else Proposal(replace(yours, num_workers=2), "a candidate")
 
     contest = planner_module.Planner._contest
 
     def the_candidate_again_first(self: Any, *, users_only: bool = False) -> Any:
         if len(self.results) == 2:
-            return _Proposal(self.results[-1].setting, "measured again")
+            return Proposal(self.results[-1].setting, "measured again")
         return contest(self, users_only=users_only)
 
-    monkeypatch.setattr(planner_module.Planner, "_search", two_workers_once)
+    monkeypatch.setattr(search_module.Search, "next", two_workers_once)
     monkeypatch.setattr(planner_module.Planner, "_contest", the_candidate_again_first)
     # Whether 2 workers still wait 5 % of the time depends on the host's load: the search goes on either way.
-    monkeypatch.setattr(planner_module, "_winnable", lambda arm: 1.0)
+    monkeypatch.setattr(planner_module, "winnable", lambda arm: 1.0)
     restarts: list[dict[str, Any]] = []
     restart = session_module.restart_iterator
 

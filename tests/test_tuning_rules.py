@@ -13,6 +13,7 @@ from sim_pipeline import epoch_rate, tune
 from sim_sweep import FULL, generate, planner_without
 
 from lightning_loadguard.tuning import planner as planner_module
+from lightning_loadguard.tuning import search as search_module
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import RULES
 
@@ -41,10 +42,11 @@ cannot (a setting measured again without a restart, a loader whose ``iter()`` th
 
 
 def _consulted() -> set[str]:
-    """Every rule name the planner's source tests with ``"name" in self.rules``."""
-    tree = ast.parse(inspect.getsource(planner_module))
+    """Every rule name the planner's and its search's sources test with ``"name" in self.rules``."""
+    trees = [ast.parse(inspect.getsource(module)) for module in (planner_module, search_module)]
     return {
         node.left.value
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.Compare)
         and isinstance(node.left, ast.Constant)

@@ -37,9 +37,11 @@ from lightning_loadguard.position.switch import (
     watch_worker_deaths,
     yielded,
 )
+from lightning_loadguard.tuning.arms import PROFILE_LENGTH
 from lightning_loadguard.tuning.decision import TuneDecision
+from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions, options_to_start
-from lightning_loadguard.tuning.planner import PROFILE_LENGTH, Planner, model_only_decision
+from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.sharding import worker_sharding
 from lightning_loadguard.tuning.watch import DecisionWatch, HostChange, WatchReference
 

@@ -23,7 +23,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.capacity import WAIT_OK
 from lightning_loadguard.model.noise import SIGMAS, block_shares
-from lightning_loadguard.tuning.planner import Arm, _winnable
+from lightning_loadguard.tuning.arms import Arm, winnable
 
 HOLD_WINDOWS = 3
 """Windows in a row a change must show before the tuner probes again (``benchmarks/retune_sweep.py`` compares
@@ -42,7 +42,7 @@ class WatchReference:
 
     @classmethod
     def of(cls, arm: Arm) -> WatchReference:
-        return cls(arm.setting, arm.rate, arm.error, _winnable(arm))
+        return cls(arm.setting, arm.rate, arm.error, winnable(arm))
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class DecisionWatch:
         return joined
 
     def _winnable(self, window: WindowSnapshot) -> float:
-        return _winnable(Arm(self.reference.setting, window, 1))
+        return winnable(Arm(self.reference.setting, window, 1))
 
     def _changed(self, window: WindowSnapshot) -> bool:
         """Whether the share of ``window``'s loop a faster loader could win back grew over the reference's by

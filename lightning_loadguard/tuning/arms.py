@@ -1,0 +1,135 @@
+"""A setting measured (an *arm*) and the one comparison every decision of the tuner makes.
+
+An arm's windows, joined, give a sustained rate and its relative standard error (from the spread of their blocks'
+rates, :mod:`lightning_loadguard.model.noise`); :func:`beats` compares two arms by a margin and the noise of their
+difference; :func:`winnable` is the share of the loop's time a faster loader could still win back. The planner,
+its search and the decision watch all read arms through these. Plain Python.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Protocol
+
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.model.noise import BLOCK_STEPS, RESOLUTION, block_rates, comparison_noise, relative_error
+
+PROFILE_LENGTH = 32
+"""Per-batch production and step times (the latest, in order) replayed through the buffer model."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A setting and its measurement: the windows since its last restart that settled, joined.
+
+    Example:
+        >>> w = WindowSnapshot(wait_s=(0.0,) * 8, step_s=(0.1, 0.1, 0.1, 0.1, 0.125, 0.125, 0.125, 0.125))
+        >>> arm = Arm(LoaderSettings(2, 2), w, 1)
+        >>> round(arm.rate, 2), round(arm.error, 3)
+        (8.89, 0.111)
+    """
+
+    setting: LoaderSettings
+    window: WindowSnapshot
+    windows: int
+
+    @property
+    def rate(self) -> float:
+        return self.window.sustained_rate
+
+    @property
+    def error(self) -> float:
+        """Relative standard error of :attr:`rate`, read as :mod:`lightning_loadguard.model.noise` reads it (from
+        blocks of half the steps where fewer than two blocks fit); infinite where the window measured no rate
+        (:attr:`WindowSnapshot.measured_a_rate`) or fewer than two blocks had one: nothing says how far to trust
+        it."""
+        w = self.window
+        loop = list(map(operator.add, w.wait_s, w.step_s))
+        rates = block_rates(loop, max(1, min(BLOCK_STEPS, len(loop) // 2)))
+        if len(rates) < 2 or not w.measured_a_rate:
+            return math.inf
+        return relative_error(rates)
+
+
+class Measured(Protocol):
+    """A measured rate and its relative standard error (an :class:`Arm`, or figures kept from one)."""
+
+    @property
+    def rate(self) -> float: ...
+
+    @property
+    def error(self) -> float: ...
+
+
+def gain(a: Measured, b: Measured) -> tuple[float, float]:
+    """How much faster ``a`` measured than ``b`` (relative), and the noise of that difference
+    (:func:`~lightning_loadguard.model.noise.comparison_noise`); infinite noise where ``b`` measured no rate.
+
+    Example:
+        >>> steady = WindowSnapshot(wait_s=(0.0,) * 8, step_s=(0.1,) * 8)
+        >>> faster = WindowSnapshot(wait_s=(0.0,) * 8, step_s=(0.08,) * 8)
+        >>> [round(x, 3) for x in gain(Arm(LoaderSettings(2), faster, 1), Arm(LoaderSettings(), steady, 1))]
+        [0.25, 0.0]
+    """
+    if b.rate <= 0:
+        return 0.0, math.inf
+    return a.rate / b.rate - 1, comparison_noise(a.error, b.error)
+
+
+def beats(a: Measured, b: Measured, margin: float) -> bool:
+    """The one comparison: ``a`` faster than ``b`` by ``margin`` and by more than the noise."""
+    g, noise = gain(a, b)
+    return g >= margin and g > noise
+
+
+def faster(a: Measured, b: Measured, margin: float) -> bool:
+    """``a`` measured faster than ``b`` by ``margin``, whatever the noise (the search's reading, not a decision's)."""
+    return gain(a, b)[0] >= margin
+
+
+def within_noise(a: Measured, b: Measured) -> bool:
+    """Whether ``b`` measured slower than ``a`` by less than the noise."""
+    g, noise = gain(a, b)
+    return g < noise
+
+
+def roomiest(fastest: Arm, winners: list[Arm]) -> Arm:
+    """Of the ``winners`` that ``fastest`` measured faster by no more than the noise (nor than
+    :data:`~lightning_loadguard.model.noise.RESOLUTION`), the one with the most batches in flight: the windows
+    cannot tell them apart, and over an epoch the larger buffer absorbs what a window is too short to show (a
+    loader's rare long batches, its slow workers' rounds)."""
+
+    def alike(arm: Arm) -> bool:
+        g, noise = gain(fastest, arm)
+        return g <= max(noise, RESOLUTION)
+
+    def room(arm: Arm) -> tuple[int, bool, float]:
+        # The workers' buffer (a pinned copy is no room), then unpinned: pinning is kept only where it paid.
+        s = arm.setting
+        return s.num_workers * s.prefetch, not s.pin_memory, arm.rate
+
+    return max(filter(alike, winners), key=room, default=fastest)
+
+
+def winnable(arm: Arm) -> float:
+    """Share of the loop's time a faster loader could win back.
+
+    The measured wait, less the part the loop's thread waited for a core (sampled: no loader setting wins
+    that back); without workers at most the production time, which is all workers could hide. A buffer
+    draining inside the window shows as a sustained rate below the loop's: that share counts too.
+    """
+    m = arm.window
+    wait = m.wait_fraction * (1.0 - m.core_wait_share())
+    if arm.setting.num_workers == 0 and m.mean_production_s is not None:
+        production = m.mean_production_s
+        wait = min(wait, production / (production + m.mean_step_s)) if production > 0 else 0.0
+    draining = 1.0 - m.sustained_rate / m.throughput if m.throughput > 0 else 0.0
+    return max(wait, draining)
+
+
+def profile(values: tuple[float, ...]) -> tuple[float, ...]:
+    """The latest :data:`PROFILE_LENGTH` of ``values``, in order: what the buffer replay reads."""
+    return values[-PROFILE_LENGTH:]

@@ -1,0 +1,113 @@
+"""The buffer depth where no window can set it: the tail of every production time measured, over an epoch, and
+the depth alone where the loader cannot be restarted to probe (an iterable dataset).
+
+A window holds a few dozen reads, an epoch thousands: with a heavy tail, the longest of thousands is many times the
+longest of a few dozen, and the buffer that covers it is sized from the tail fitted to every production time measured
+(:mod:`lightning_loadguard.model.tail`), never to hide a deficit. Plain Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from lightning_loadguard.meters.settings import LoaderSettings
+from lightning_loadguard.meters.window import WindowSnapshot
+from lightning_loadguard.model.budget import HostBudget
+from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch
+from lightning_loadguard.model.tail import Tail, fit_tail, tail_depth, tail_wait
+from lightning_loadguard.tuning.arms import Arm, profile
+from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
+from lightning_loadguard.tuning.options import TuneOptions
+
+TAIL_CPU_SHARE = 0.5
+"""The tail's depth is for workers that mostly wait (on reads) while busy: below this share of a core. Workers that
+compute would, with more batches in flight, all compute at once at an epoch's start and take the cores from the
+batches the loop needs first (benchmarks/RESULTS.md, "What changed": the sweep without this gate)."""
+
+
+def epoch_tail(chosen: Arm, arms: Iterable[Arm]) -> Tail | None:
+    """The tail of every production time measured with workers in ``arms`` (a window holds a few dozen; the tail
+    needs all of them), where the ``chosen`` setting's workers keep up in its window and mostly wait while busy
+    (:data:`TAIL_CPU_SHARE`): the buffer it sizes absorbs variation, never a deficit."""
+    s, w = chosen.setting, chosen.window
+    share = w.cpu_share
+    if (
+        s.num_workers < 1
+        or chosen.rate <= 0
+        or share is None
+        or share >= TAIL_CPU_SHARE
+        or not (w.production_s and w.step_s)
+        or has_deficit(w.production_s, w.step_s, s.num_workers)
+    ):
+        return None
+    return fit_tail([t for a in arms if a.setting.num_workers for t in a.window.production_s])
+
+
+def tail_deepened(
+    tail: Tail, setting: LoaderSettings, budget: HostBudget, options: TuneOptions, rate: float
+) -> tuple[LoaderSettings, str]:
+    """``setting`` at the depth ``tail`` asks for at ``rate`` steps/s (within memory and ``max_prefetch``), and the
+    words the decision's reason adds; ``setting`` and ``""`` where no deeper depth is asked for or fits."""
+    deepest = budget.deepest_prefetch(setting.num_workers, options.max_prefetch, pin_memory=setting.pin_memory)
+    if deepest <= setting.prefetch:
+        return setting, ""
+    depth = tail_depth(tail, num_workers=setting.num_workers, period_s=1.0 / rate, deepest=deepest)
+    if depth <= setting.prefetch:
+        return setting, ""
+    waits = [
+        tail_wait(tail, batches_in_flight=setting.num_workers * d, period_s=1.0 / rate)
+        for d in (setting.prefetch, depth)
+    ]
+    reason = (
+        f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail "
+        f"(index {tail.index:.1f}), reads longer than the batches in flight cover would leave the loop "
+        f"waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} at {depth}), which no window is long "
+        "enough to show"
+    )
+    return replace(setting, prefetch_factor=depth), reason
+
+
+def model_only_decision(
+    original: LoaderSettings, budget: HostBudget, options: TuneOptions, window: WindowSnapshot, reason: str
+) -> TuneDecision:
+    """A decision without probing, where restarting the loader mid-epoch is unsafe (an iterable dataset).
+
+    Only the buffer depth may change (more workers would each replay an unsharded dataset): the depth the
+    buffer replay recommends for the measured times, applied from the next epoch.
+    """
+    result = CandidateResult(original, window.sustained_rate, None, window.steps, None, "your settings")
+    kept = TuneDecision.of(
+        original,
+        throughput_before=window.sustained_rate,
+        throughput_after=window.sustained_rate,
+        verdict="model_only",
+        reason=reason + "; the settings are kept",
+        original=original,
+        candidates=(result,),
+    )
+    if original.num_workers < 1 or not profile(window.production_s) or not profile(window.step_s):
+        return kept
+    advice = recommend_prefetch(
+        profile(window.production_s),
+        profile(window.step_s),
+        num_workers=original.num_workers,
+        deep_prefetch=options.max_prefetch,
+    )
+    current = original.prefetch
+    if advice is None:
+        return replace(
+            kept,
+            reason=reason + "; the producer is slower than the loop on average, which no buffer "
+            "depth fixes; the settings are kept",
+        )
+    deepest = budget.deepest_prefetch(original.num_workers, options.max_prefetch, pin_memory=original.pin_memory)
+    wanted = min(advice.prefetch_factor, deepest)
+    if wanted <= current:
+        return kept
+    return kept.with_setting(
+        replace(original, prefetch_factor=wanted),
+        throughput_after=None,
+        bounded_by=budget.memory_bound if wanted < advice.prefetch_factor else None,
+        reason=reason + f"; prefetch_factor {current} -> {wanted} (buffer replay), from the next epoch",
+    )
