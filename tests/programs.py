@@ -152,12 +152,17 @@ def _where(dumped: list[_Dumped]) -> str:
     lines = []
     for one in dumped:
         threads = _threads(one.stacks)
-        idle = sum(1 for _, frames in threads if frames and any(word in frames[0] for word in _IDLE))
+        idle = sum(1 for _, frames in threads if _idle(frames))
         lines.append(f"  pid {one.pid} (parent {one.parent}, depth {one.depth}): {len(threads)} threads, {idle} idle")
         for header, frames in threads:
-            if not (frames and any(word in frames[0] for word in _IDLE)):
+            if not _idle(frames):
                 lines.append(f"    {header}: {' < '.join(map(_frame, frames[:_INNERMOST])) or '(no frames)'}")
     return "\n".join(lines)
+
+
+def _idle(frames: list[str]) -> bool:
+    # The wait itself is innermost (threading's Condition.wait); what waits is a frame or two out.
+    return any(word in frame for frame in frames[:4] for word in _IDLE)
 
 
 def _block(one: _Dumped) -> str:
