@@ -27,7 +27,6 @@ from sim_sweep import _Truth, generate, grid_best
 
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
-from lightning_loadguard.tuning.arms import Arm
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.session import (
@@ -113,11 +112,6 @@ def logged_windows(sim: Sim, plan: Planner, warmup: int, every: int) -> Iterator
             yield window
 
 
-def _arm_of(plan: Planner, chosen: LoaderSettings) -> Arm | None:
-    """The planner's arm of the setting it chose (the decision may add ``persistent_workers``)."""
-    return next((a for a in plan.arms.values() if a.setting.same_loader(chosen)), None)
-
-
 @dataclass
 class _Run:
     """A tuned run at its decision, the chosen setting running, and the windows the watch will read."""
@@ -140,8 +134,8 @@ def _tuned_run(p: SimPipeline, seed: int, every: int | None = None) -> _Run | No
     decision = tuned.decision
     if decision is None or decision.verdict not in _WATCHED:
         return None
-    arm = _arm_of(plan, decision.setting)
-    if arm is None or arm.rate <= 0:
+    arm = plan.arm_of(decision.setting)  # as the session watches it
+    if arm is None:
         return None
     if sim.settings != decision.setting:
         sim.switch(decision.setting)

@@ -328,6 +328,15 @@ class Planner:
                 return Proposal(arm.setting, (f"{self._start} " if arm is user else "") + note)
         return None
 
+    def arm_of(self, setting: LoaderSettings) -> Arm | None:
+        """The arm a decision for ``setting`` rests on, to watch it by: the arm of the same loader, else (a depth the
+        tail deepened, :mod:`~lightning_loadguard.tuning.depth`) :attr:`chosen` at the same worker count; ``None``
+        where no such arm measured a rate."""
+        arm = next((a for a in self.arms.values() if a.setting.same_loader(setting)), self.chosen)
+        if arm is None or arm.rate <= 0 or arm.setting.num_workers != setting.num_workers:
+            return None
+        return arm
+
     def _tried(self, setting: LoaderSettings) -> bool:
         return any(r.setting == setting for r in self.results)
 

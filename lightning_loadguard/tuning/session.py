@@ -980,9 +980,8 @@ class TuningSession:
         self._reference = None
         if not self._watchable(decision) or self._tap is None or planner is None:
             return
-        # The arm the decision rests on: its own setting's, or at a depth the tail deepened, the one measured.
-        arm = next((a for a in planner.arms.values() if a.setting.same_loader(decision.setting)), planner.chosen)
-        if arm is None or arm.rate <= 0 or arm.setting.num_workers != decision.num_workers:
+        arm = planner.arm_of(decision.setting)
+        if arm is None:
             return
         self._reference, self._watch_steps = WatchReference.of(arm), planner.window_steps
         self._watch_from_now()
