@@ -935,8 +935,8 @@ def tailed_window(session: Any, port: Any, start: Any) -> WindowSnapshot:
     """The window a setting measures where each worker reads a batch in a Pareto-distributed time (index 1.5, mean
     10 ms: most under 5 ms, one in a hundred over 70 ms) waiting, not computing, against a 4 ms step; the draws are
     seeded by the windows measured before, so every run measures alike. A window of a few dozen reads shows the tail
-    and rarely its longest, and the reads' real times on a loaded host move the fitted index by a half (a live fit's
-    40 reads read 1.4 to 2.6), so the figures are scripted and the loader, its switches and its order are real."""
+    and rarely its longest, and a live fit on a loaded host reads the tail lighter by 0.3 to 1.1 (40 reads of index
+    1.5 read 1.8 to 2.6), so the figures are scripted and the loader, its switches and its order are real."""
     planner = session._planner
     setting = planner.current if planner is not None else settings_of(session._loader)
     steps = session._window_steps if planner is not None else session._watch_steps
