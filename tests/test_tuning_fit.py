@@ -153,8 +153,8 @@ def test_compute_bound_keeps_the_settings_and_says_so() -> None:
     # Making a batch takes about 0.1 ms against a 100 ms step: compute-bound by design. Whether a run really was
     # is read on the user's own profiler (Lightning times each fetch for it): a busy host can make even this
     # loop wait, and then "no_gain" is the right answer. Such a run is measured again; a compute-bound one must
-    # be called so. Beside two spinning processes on two cores, each fetch after the sleeping step waited about
-    # 2 ms for a core, 3 to 4 % of a 48 ms step in every run: the step is long enough for that to stay under 2.5 %.
+    # be called so. Beside spinning processes each fetch after the sleeping step waits for a core: the step is long
+    # so that this wait stays a small share of the loop.
     from lightning.pytorch.profilers import SimpleProfiler
 
     observed = []
@@ -939,8 +939,9 @@ def tailed_window(session: Any, port: Any, start: Any) -> WindowSnapshot:
     """The window a setting measures where each worker reads a batch in a Pareto-distributed time (index 1.5, mean
     10 ms: most under 5 ms, one in a hundred over 70 ms) waiting, not computing, against a 4 ms step; the draws are
     seeded by the windows measured before, so every run measures alike. A window of a few dozen reads shows the tail
-    and rarely its longest, and a live fit on a loaded host reads the tail lighter by 0.3 to 1.1 (40 reads of index
-    1.5 read 1.8 to 2.6), so the figures are scripted and the loader, its switches and its order are real."""
+    and rarely its longest, and a live fit on a loaded host reads the tail lighter than it is (reads cut at a
+    window's end are in no window), so the figures are scripted and the loader, its switches and its order are
+    real."""
     planner = session._planner
     setting = planner.current if planner is not None else settings_of(session._loader)
     steps = session._window_steps if planner is not None else session._watch_steps
