@@ -31,18 +31,26 @@ def test_figures_match_the_runs_own_clocks(scenario: Scenario) -> None:
     # from a batch's first sample to its collate's end, the producer meter's around the whole fetch in the
     # worker: where the host takes a worker's core between the two clocks' reads (4 workers beside other work
     # on 2 cores), the meter's batch is longer by that time. Such a run is measured again, and every figure
-    # below holds on each run measured.
+    # below holds on each run measured. In the training process the meter times the whole fetch, the sampler's
+    # indices and the loader's own code too: on a loaded host those take a share of a 9 ms batch (0.6 ms in CI
+    # once, 6 %), so there the capacity may also lie anywhere between the dataset's clock and the profiler's
+    # fetches, the clock around the meter's.
     misses = []
     for _ in range(3):
-        capacity, truth = _check_figures(scenario)
+        capacity, truth, fetches = _check_figures(scenario)
         if capacity == pytest.approx(truth, rel=CAPACITY_TOLERANCE):
             return
-        misses.append((round(capacity, 2), round(truth, 2)))
-    pytest.fail(f"producer_rate against the dataset's clock, each run: {misses}")
+        if fetches is not None and fetches * (1 - TOLERANCE_REL) <= capacity <= truth * (1 + CAPACITY_TOLERANCE):
+            return
+        misses.append((round(capacity, 2), round(truth, 2), fetches and round(fetches, 2)))
+    pytest.fail(
+        f"producer_rate against the dataset's clock (and in-process the profiler's fetches), each run: {misses}"
+    )
 
 
-def _check_figures(scenario: Scenario) -> tuple[float, float]:
-    """One run of ``scenario``: every figure but the capacity asserted; the capacity and its truth returned."""
+def _check_figures(scenario: Scenario) -> tuple[float, float, float | None]:
+    """One run of ``scenario``: every figure but the capacity asserted; the capacity, its truth and, in-process,
+    the rate of the profiler's fetches returned."""
     guard, module = fit_scenario(scenario)
     seen = Observed.of(module, scenario.num_workers, scenario.window)
     metrics = guard.metrics
@@ -83,4 +91,5 @@ def _check_figures(scenario: Scenario) -> tuple[float, float]:
         # In-process, every batch is made on demand, after it is asked for: none is ever waiting.
         assert not any(seen.made_before_asked)
         assert metrics["loadguard/ready_fraction"] == 0.0
-    return metrics["loadguard/producer_rate"], seen.capacity
+    fetches = None if scenario.num_workers else 1 / (sum(seen.fetch_s) / len(seen.fetch_s))
+    return metrics["loadguard/producer_rate"], seen.capacity, fetches

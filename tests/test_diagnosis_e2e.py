@@ -82,10 +82,10 @@ def two_cores() -> Iterator[int]:
 
 
 def test_fast_loader_is_compute_bound_with_its_headroom() -> None:
-    # Two workers at 8 ms a batch make ~250 batches/s; a 120 ms step takes ~8: the loader idles. A step this long
-    # keeps the hand-over of a ready batch (3.6 ms on a host with a spinning process per core) under 5 % of the
-    # loop, where a transfer-bound verdict would start.
-    step_s, sample_s = 0.120, 0.002
+    # Two workers at 8 ms a batch make ~250 batches/s; a 240 ms step takes ~4: the loader idles. A step this long
+    # keeps the hand-over of a ready batch (about 1.5 ms on a quiet 2-core host, 3.6 ms beside a spinning process
+    # per core, 8.1 ms once on a host busier still) under 5 % of the loop, where a transfer-bound verdict starts.
+    step_s, sample_s = 0.240, 0.002
     dataset = TimedDataset(BATCH * 36, sample_s=sample_s)
     loader = timed_loader(dataset, batch_size=BATCH, num_workers=2, persistent_workers=True)
     diagnosis = _diagnosis(_fit(loader, TimedModule(step_s, record=False), window=30))
