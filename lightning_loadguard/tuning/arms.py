@@ -54,6 +54,60 @@ class Arm:
         return relative_error(rates)
 
 
+class Arms(dict[LoaderSettings, Arm]):
+    """Every setting measured and its arm, kept as windows arrive, with the one settling rule: a window that a
+    later one of the same run (no restart between) beats beyond the noise had not settled after the restart, and
+    is set aside (``settle``: the rule is followed). A setting measured again after a restart joins its earlier
+    arm.
+
+    Example:
+        >>> arms, s = Arms(settle=True), LoaderSettings(2, 2)
+        >>> slow, fast = (WindowSnapshot(wait_s=(0.0,) * 8, step_s=(t,) * 4 + (1.05 * t,) * 4) for t in (0.2, 0.1))
+        >>> arms.join(s, slow, continuing=False), arms[s].windows
+        ('', 1)
+        >>> arms.join(s, fast, continuing=True).split(":")[0], arms[s].windows
+        ('; 100% faster than before, beyond the noise (7%)', 1)
+        >>> arms.join(s, fast, continuing=True), arms[s].windows
+        ('', 2)
+    """
+
+    def __init__(self, *, settle: bool) -> None:
+        super().__init__()
+        self.settle = settle
+        self._since_restart: Arm | None = None  # the current setting's windows since its last restart
+        self._before_restart: dict[LoaderSettings, Arm | None] = {}
+
+    def join(self, setting: LoaderSettings, window: WindowSnapshot, *, continuing: bool) -> str:
+        """Join ``window`` to ``setting``'s arm (``continuing``: measured again without a restart); a note where
+        earlier windows were set aside as settling."""
+        note = ""
+        run = self._since_restart if continuing and self._since_restart is not None else None
+        if run is None:
+            self._before_restart[setting] = self.get(setting)
+            run = Arm(setting, window, 1)
+        else:
+            latest = Arm(setting, window, 1)
+            if self.settle and beats(latest, run, 0.0):
+                g, noise = gain(latest, run)
+                note = (
+                    f"; {g:.0%} faster than before, beyond the noise ({noise:.0%}): the windows before, still "
+                    "settling after the restart, set aside"
+                )
+                run = latest
+            else:
+                run = Arm(setting, run.window.joined(window), run.windows + 1)
+        self._since_restart = run
+        before = self._before_restart.get(setting)
+        self[setting] = (
+            run if before is None else Arm(setting, before.window.joined(run.window), before.windows + run.windows)
+        )
+        return note
+
+    def restart(self) -> None:
+        """The window just joined is set aside: the next one starts the current setting's run afresh."""
+        self._since_restart = None
+
+
 class Measured(Protocol):
     """A measured rate and its relative standard error (an :class:`Arm`, or figures kept from one)."""
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lightning_loadguard.meters.settings import SWITCHABLE, LoaderSettings
+from lightning_loadguard.model.capacity import WAIT_OK
+from lightning_loadguard.model.noise import RESOLUTION
+from lightning_loadguard.tuning.arms import Arm, gain, winnable
 
 
 @dataclass(frozen=True)
@@ -171,3 +174,47 @@ class TuneDecision:
             CandidateResult(**{**c, "setting": LoaderSettings(**c["setting"])}) for c in data.get("candidates", ())
         )
         return cls(**data)
+
+
+def verdict_of(
+    user: Arm, chosen: Arm, fastest: Arm, min_gain: float, *, retune: bool = False
+) -> tuple[TuneVerdict, str, float]:
+    """The verdict on keeping ``chosen``, the sentence that says why, and the share of the loop still lost to data
+    wait (0 below :data:`~lightning_loadguard.model.capacity.WAIT_OK`). ``user``: the arm of the settings the
+    probing started from (``retune``: an earlier decision's, not the user's); ``fastest``: the fastest arm that beat
+    them, of which ``chosen`` is the roomiest alike.
+
+    Example:
+        >>> from lightning_loadguard.meters.window import WindowSnapshot
+        >>> ws = [WindowSnapshot(wait_s=(w,) * 8, step_s=(0.1,) * 8) for w in (0.1, 0.0)]
+        >>> user, probed = Arm(LoaderSettings(), ws[0], 1), Arm(LoaderSettings(4), ws[1], 1)
+        >>> verdict_of(user, probed, probed, 0.05)
+        ('improved', '2.00x the steps/s of your settings', 0.0)
+    """
+    start, kept = (
+        ("the earlier choice", "the earlier choice is kept") if retune else ("your settings", "your settings are kept")
+    )
+    deficit = winnable(chosen)
+    deficit = 0.0 if deficit < WAIT_OK else deficit
+    # Without workers the loss is the main process's own loading, which the counts measured did not win back.
+    lost = (
+        f"loading in the main process still takes {deficit:.0%} of the loop's time"
+        if chosen.setting.num_workers == 0
+        else f"{deficit:.0%} of the step rate is still lost to data wait"
+    )
+    if chosen is user:
+        if winnable(user) < WAIT_OK:
+            return "compute_bound", "the loop runs at its compute rate; " + kept, deficit
+        reason = f"no candidate measured at least {min_gain:.0%} faster, and by more than the noise; {kept}, and {lost}"
+        return "no_gain", reason, deficit
+    before, after = user.rate, chosen.rate
+    reason = f"{after / before:.2f}x the steps/s of {start}" if before > 0 else f"faster than {start}"
+    if chosen is not fastest:
+        g, noise = gain(fastest, chosen)
+        reason += (
+            f"; {fastest.setting.label} read {g:.0%} faster, within the noise ({max(noise, RESOLUTION):.0%}): "
+            "of the two, the one with more batches in flight, which absorbs what a window is too short to show"
+        )
+    if deficit > 0:
+        reason += f"; {lost}"
+    return "improved", reason, deficit

@@ -30,9 +30,8 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.capacity import WAIT_OK
-from lightning_loadguard.model.noise import RESOLUTION
-from lightning_loadguard.tuning.arms import Arm, beats, gain, roomiest, winnable
-from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
+from lightning_loadguard.tuning.arms import Arm, Arms, beats, gain, roomiest, winnable
+from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, verdict_of
 from lightning_loadguard.tuning.depth import epoch_tail, tail_deepened
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 from lightning_loadguard.tuning.persistence import WorkerStarts
@@ -119,13 +118,11 @@ class Planner:
         self.retune = retune
         self.current_note = self._start
         self.results: list[CandidateResult] = []
-        self.arms: dict[LoaderSettings, Arm] = {}
+        self.arms = Arms(settle="settle" in self.rules)
         self.probe_steps = 0
         self.probe_time_s = 0.0
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
-        self._since_restart: Arm | None = None  # the current setting's windows since its last restart
-        self._before_restart: dict[LoaderSettings, Arm] = {}
         self._ran_out = False
         self._starts = WorkerStarts(options, epoch_steps)
         self.chosen: Arm | None = None
@@ -151,10 +148,6 @@ class Planner:
     def _start(self) -> str:
         """What the notes call :attr:`original`."""
         return "the earlier choice" if self.retune else "your settings"
-
-    @property
-    def _start_kept(self) -> str:
-        return "the earlier choice is kept" if self.retune else "your settings are kept"
 
     def can_start(self) -> bool:
         """Whether the epochs spanned leave room to measure the user's setting and at least one candidate: a
@@ -202,7 +195,7 @@ class Planner:
         ):
             return setting
         if not failed:
-            note += self._measured(setting, window)
+            note += self.arms.join(setting, window, continuing=self.continuing)
         blank = not failed and not window.measured_a_rate
         if blank:
             note += "; its window made no batch (served from batches made before it)"
@@ -238,35 +231,10 @@ class Planner:
             self.probe_steps -= spent  # counted with the window, in :meth:`record`
             return False
         self.probe_time_s += window.loop_s if spent else 0.0
-        self._since_restart = None
+        self.arms.restart()
         self.continuing = True
         self.current_note = self.current_note.split("; ")[0] + "; its first window made no batch"
         return True
-
-    def _measured(self, setting: LoaderSettings, window: WindowSnapshot) -> str:
-        """Join ``window`` to the setting's arm; a note where earlier windows were set aside as settling."""
-        note = ""
-        run = self._since_restart if self.continuing and self._since_restart is not None else None
-        if run is None:
-            self._before_restart[setting] = self.arms.get(setting)  # type: ignore[assignment]
-            run = Arm(setting, window, 1)
-        else:
-            latest = Arm(setting, window, 1)
-            if "settle" in self.rules and beats(latest, run, 0.0):
-                g, noise = gain(latest, run)
-                note = (
-                    f"; {g:.0%} faster than before, beyond the noise ({noise:.0%}): the windows before, still "
-                    "settling after the restart, set aside"
-                )
-                run = latest
-            else:
-                run = Arm(setting, run.window.joined(window), run.windows + 1)
-        self._since_restart = run
-        before = self._before_restart.get(setting)
-        self.arms[setting] = (
-            run if before is None else Arm(setting, before.window.joined(run.window), before.windows + run.windows)
-        )
-        return note
 
     # -- what next -------------------------------------------------------------------------------------
 
@@ -366,37 +334,8 @@ class Planner:
         fastest = max(winners, key=lambda a: a.rate) if winners else user
         chosen = roomiest(fastest, winners) if "roomiest" in self.rules else fastest
         before, after = user.rate, chosen.rate
-        deficit = winnable(chosen)
-        deficit = 0.0 if deficit < WAIT_OK else deficit
+        verdict, reason, deficit = verdict_of(user, chosen, fastest, self.options.min_gain, retune=self.retune)
         bounded_by = self._bounded_by(chosen.setting) if deficit > 0 else None
-        # Without workers the loss is the main process's own loading, which the counts measured did not win back.
-        lost = (
-            f"loading in the main process still takes {deficit:.0%} of the loop's time"
-            if chosen.setting.num_workers == 0
-            else f"{deficit:.0%} of the step rate is still lost to data wait"
-        )
-        if chosen is user:
-            if winnable(user) < WAIT_OK:
-                verdict, reason = "compute_bound", "the loop runs at its compute rate; " + self._start_kept
-            else:
-                verdict = "no_gain"
-                reason = (
-                    f"no candidate measured at least {self.options.min_gain:.0%} faster, and by more than the "
-                    f"noise; {self._start_kept}, and {lost}"
-                )
-        else:
-            verdict = "improved"
-            reason = (
-                f"{after / before:.2f}x the steps/s of {self._start}" if before > 0 else f"faster than {self._start}"
-            )
-            if chosen is not fastest:
-                g, noise = gain(fastest, chosen)
-                reason += (
-                    f"; {fastest.setting.label} read {g:.0%} faster, within the noise ({max(noise, RESOLUTION):.0%}): "
-                    "of the two, the one with more batches in flight, which absorbs what a window is too short to show"
-                )
-            if deficit > 0:
-                reason += f"; {lost}"
         if bounded_by:
             reason += f" (bounded by {bounded_by})"
         setting = chosen.setting
