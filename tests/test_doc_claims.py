@@ -425,16 +425,16 @@ class _Texts(pl.loggers.Logger):
 
 
 def test_the_diagnosis_text_is_logged_again_when_the_verdict_changes() -> None:
-    # 20 steps of 80 ms whose batches are free, then 20 whose 4 samples take 10 ms each, made in the loop: 40 ms of
-    # waiting per step, a producer deficit by the test's own design. Making a free batch in the loop takes about
-    # 0.5 ms on a quiet 2-core host and over 1 ms on a loaded one, where a 20 ms step read as a deficit from the
-    # start: 80 ms keeps it under 2 % of the loop.
+    # 20 steps of 60 ms whose batches are free, then 40 whose 4 samples take 8 ms each, made in the loop: 32 ms of
+    # waiting per step, a producer deficit by the test's own design (spoken once it held 3 windows). Making a free
+    # batch in the loop takes about 0.5 ms on a quiet 2-core host and over 1 ms on a loaded one, where a 20 ms step
+    # read as a deficit from the start: 60 ms keeps it under 2 % of the loop.
     switch = 20
     logger = _Texts()
     guard = LoadGuard(window=10, print_summary=False)
     trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=5, callbacks=[guard])
-    loader = DataLoader(_SlowsDown(4 * 2 * switch, switch_at=4 * switch, sample_s=0.010), batch_size=4)
-    trainer.fit(TimedModule(step_s=0.08, record=False), loader)
+    loader = DataLoader(_SlowsDown(4 * 3 * switch, switch_at=4 * switch, sample_s=0.008), batch_size=4)
+    trainer.fit(TimedModule(step_s=0.06, record=False), loader)
     found = [(step, re.search(r"Data path: (\w+)", text)) for step, text in logger.texts]
     assert found and all(m is not None and step is not None for step, m in found), logger.texts
     said = [(step, m.group(1)) for step, m in found if m is not None and step is not None]
