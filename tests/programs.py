@@ -139,7 +139,11 @@ def _threads(stacks: str) -> list[tuple[str, list[str]]]:
 def _frame(line: str) -> str:
     """``File "path", line N in name`` as ``path:N name``."""
     found = re.match(r'File "(.*)", line (\d+) in (.*)', line)
-    return _short(f'"{found[1]}:{found[2]} {found[3]}' if found else line).lstrip('"')
+    return f"{_unprefixed(found[1])}:{found[2]} {found[3]}" if found else line
+
+
+def _unprefixed(path: str) -> str:
+    return next((path[len(prefix) :] for prefix in _PREFIXES if path.startswith(prefix)), path)
 
 
 def _short(line: str) -> str:
@@ -152,11 +156,11 @@ def _where(dumped: list[_Dumped]) -> str:
     lines = []
     for one in dumped:
         threads = _threads(one.stacks)
-        idle = sum(1 for _, frames in threads if _idle(frames))
+        busy = [(header, frames) for header, frames in threads if not _idle(frames)]
+        idle = len(threads) - len(busy)
         lines.append(f"  pid {one.pid} (parent {one.parent}, depth {one.depth}): {len(threads)} threads, {idle} idle")
-        for header, frames in threads:
-            if not _idle(frames):
-                lines.append(f"    {header}: {' < '.join(map(_frame, frames[:_INNERMOST])) or '(no frames)'}")
+        for header, frames in busy:
+            lines.append(f"    {header}: {' < '.join(map(_frame, frames[:_INNERMOST])) or '(no frames)'}")
     return "\n".join(lines)
 
 

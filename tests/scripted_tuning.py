@@ -6,6 +6,7 @@ that patches :func:`scripted_window` in checks which data reaches ``training_ste
 
 from __future__ import annotations
 
+from statistics import fmean
 from typing import Any
 
 import pytest
@@ -27,17 +28,26 @@ def scripted_window(self: TuningSession, port: Any, start: Any) -> WindowSnapsho
     return window_of(setting, steps, production=0.012)
 
 
-def window_of(setting: LoaderSettings, steps: int, production: float) -> WindowSnapshot:
-    """``steps`` steps of 4 ms where each worker of ``setting`` makes a batch in ``production`` seconds."""
+def window_of(
+    setting: LoaderSettings, steps: int, production: float | tuple[float, ...], *, cpu_share: float | None = None
+) -> WindowSnapshot:
+    """``steps`` steps of 4 ms where each worker of ``setting`` makes a batch in ``production`` seconds (or in each
+    of those times, one per step: the loop waits by their mean); ``cpu_share``: the share of each batch's time its
+    worker computed, where the window says."""
     step = 0.004
-    period = step + production if setting.num_workers == 0 else max(step, production / setting.num_workers)
+    times = production if isinstance(production, tuple) else (production,) * steps
+    mean = fmean(times)
+    period = step + mean if setting.num_workers == 0 else max(step, mean / setting.num_workers)
+    cpu = {} if cpu_share is None else {"production_cpu_s": tuple(cpu_share * t for t in times)}
     return WindowSnapshot(
         wait_s=(period - step,) * steps,
         step_s=(step,) * steps,
-        production_s=(production,) * steps,
+        production_s=times,
+        production_queued_s=(0.0,) * steps if cpu else (),
         settings=setting,
         host=HostFacts(cpu_count=8),
         batches_made=steps,
+        **cpu,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from pipelines import FETCH_ACTION, MadeByWorkers, quiet_trainer
+from scripted_tuning import window_of
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
@@ -947,18 +948,7 @@ def tailed_window(session: Any, port: Any, start: Any) -> WindowSnapshot:
     steps = session._window_steps if planner is not None else session._watch_steps
     draws = random.Random(len(planner.results) if planner is not None else -1)
     production = tuple((0.01 / 3) * (1 - draws.random()) ** (-1 / 1.5) for _ in range(steps))
-    step, mean = 0.004, fmean(production)
-    period = step + mean if setting.num_workers == 0 else max(step, mean / setting.num_workers)
-    return WindowSnapshot(
-        wait_s=(period - step,) * steps,
-        step_s=(step,) * steps,
-        production_s=production,
-        production_cpu_s=tuple(0.01 * t for t in production),
-        production_queued_s=(0.0,) * steps,
-        settings=setting,
-        host=HostFacts(cpu_count=8),
-        batches_made=steps,
-    )
+    return window_of(setting, steps, production, cpu_share=0.01)
 
 
 def test_heavy_tailed_reads_run_at_the_depth_the_tail_asks_for_in_the_untuned_order(

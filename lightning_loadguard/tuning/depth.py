@@ -86,14 +86,10 @@ def model_only_decision(
         original=original,
         candidates=(result,),
     )
-    if original.num_workers < 1 or not profile(window.production_s) or not profile(window.step_s):
+    production, steps = profile(window.production_s), profile(window.step_s)
+    if original.num_workers < 1 or not production or not steps:
         return kept
-    advice = recommend_prefetch(
-        profile(window.production_s),
-        profile(window.step_s),
-        num_workers=original.num_workers,
-        deep_prefetch=options.max_prefetch,
-    )
+    advice = recommend_prefetch(production, steps, num_workers=original.num_workers, deep_prefetch=options.max_prefetch)
     current = original.prefetch
     if advice is None:
         return replace(
