@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sim_retune import PRE_WINDOWS, SPANS, WATCH_WINDOWS, Trial, by_kind, false_triggers, summary, trials
-from workloads import commit, map_seeds
+from sim_sweep import map_seeds
+from workloads import commit
 
 _SPAN_WORDS = {
     "session": "where the session re-tunes (the rest of the epoch where it holds three candidates, else from the "

@@ -21,8 +21,8 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_sweep import FULL, Score, generate, planner_without, score_planners, summary
-from workloads import commit, map_seeds
+from sim_sweep import FULL, Score, generate, map_seeds, planner_without, score_planners, summary
+from workloads import commit
 
 from lightning_loadguard.tuning.planner import RULES
 

@@ -27,8 +27,8 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_sweep import Score, generate, score, search_table, summary, table
-from workloads import commit, map_seeds
+from sim_sweep import Score, generate, map_seeds, score, search_table, summary, table
+from workloads import commit
 
 
 def _one(seed: int, truth_seeds: int = 1, per_epoch: bool = True, measured: bool = False) -> Score:

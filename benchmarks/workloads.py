@@ -16,14 +16,12 @@
 from __future__ import annotations
 
 import math
-import multiprocessing
 import random
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from PIL import Image
@@ -229,17 +227,6 @@ class Stopwatch(pl.Callback):
         periods = [b - a for a, b in zip(self.starts, [*self.starts[1:], end], strict=True)]
         cap = 2 * statistics.median(periods)
         self.clipped_rate = len(periods) / math.fsum(min(p, cap) for p in periods)
-
-
-_R = TypeVar("_R")
-
-
-def map_seeds(run: Callable[[int], _R], seeds: Iterable[int], jobs: int) -> list[_R]:
-    """``run`` on every seed, in ``jobs`` forked processes where more than one (the simulated sweeps)."""
-    if jobs > 1:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            return pool.map(run, seeds, chunksize=4)
-    return [run(seed) for seed in seeds]
 
 
 def commit() -> str:

@@ -10,11 +10,13 @@ steady state) with the best of a grid and with the user's own settings.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from statistics import fmean, quantiles
+from typing import TypeVar
 
 from sim_pipeline import Cost, Host, PlannerFactory, SimPipeline, epoch_rate, steady_rate, tune
 
@@ -36,6 +38,18 @@ FULL = "(none)"
 BELOW_USER = 0.03
 """A choice runs below the user's settings beyond noise when its rate is this much lower: the ground
 truth's own spread (a 600-step run with stochastic costs and a background load) is about 1 %."""
+
+
+_R = TypeVar("_R")
+
+
+def map_seeds(run: Callable[[int], _R], seeds: Iterable[int], jobs: int) -> list[_R]:
+    """``run`` on every seed, in ``jobs`` forked processes where more than one (the sweeps are plain Python, each
+    seed's result its own: the same whatever the process)."""
+    if jobs > 1:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            return pool.map(run, seeds, chunksize=4)
+    return [run(seed) for seed in seeds]
 
 
 def planner_without(rule: str) -> type[Planner]:

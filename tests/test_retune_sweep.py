@@ -5,8 +5,11 @@ benchmarks/RESULTS.md, whose thresholds sit under this subset's own figures by a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from sim_retune import CHANGES, Trial, false_triggers, summary, trials
+from sim_sweep import map_seeds
 
 from lightning_loadguard.tuning.watch import HOLD_WINDOWS
 
@@ -18,11 +21,14 @@ FALSE_TRIGGERS = 0.2  # measured 0.04 (2 of 50 unchanged runs, over 30 windows e
 WORSE = 0.02  # measured 0.00: at most one pipeline left below the old choice by the re-tune
 
 
+def _run(seed: int) -> tuple[list[Trial], dict[int, bool]]:
+    return trials(seed, (HOLD_WINDOWS,), truth_steps=TRUTH_STEPS), false_triggers(seed, (1, HOLD_WINDOWS))
+
+
 @pytest.fixture(scope="module")
 def runs() -> tuple[list[Trial], list[dict[int, bool]]]:
-    found = [t for seed in range(SUBSET) for t in trials(seed, (HOLD_WINDOWS,), truth_steps=TRUTH_STEPS)]
-    controls = [false_triggers(seed, (1, HOLD_WINDOWS)) for seed in range(SUBSET)]
-    return found, controls
+    each = map_seeds(_run, range(SUBSET), min(2, os.cpu_count() or 1))
+    return [t for found, _ in each for t in found], [control for _, control in each]
 
 
 @pytest.fixture(scope="module")
