@@ -280,6 +280,7 @@ def test_a_fit_stopped_after_a_re_tune_resumes_with_no_sample_skipped_or_repeate
     assert first + rest == untuned
 
 
+@pytest.mark.slow  # 20 s, three fits (one heavy at one worker); a fresh fit's re-tune is in the default run
 def test_a_fit_resumed_onto_a_heavier_data_phase_probes_the_stored_decision_again(tmp_path: Path) -> None:
     # The first fit decides on the light phase and stops mid-way through epoch 1; the resumed one runs heavy from
     # its first step, as after a move to a slower host. It watches the stored decision against what the decision
