@@ -1,4 +1,4 @@
-"""The tuner's Lightning side: a :class:`~lightning_loadguard.tuning.session.TrainerPort` over a ``Trainer``.
+"""The tuner's Lightning side: a :class:`~lightning_loadguard.tuning.port.TrainerPort` over a ``Trainer``.
 
 ``LoadGuard(auto_tune=...)`` creates one :class:`TunerAdapter` and forwards its hooks to it. The tuning
 itself is plain Python in :mod:`lightning_loadguard.tuning`; every Lightning internal read or written here goes

@@ -658,7 +658,7 @@ class LoadGuard(_pl.Callback):
             reach = self._tuner.reach()
             if reach is not None:
                 return reach
-        from lightning_loadguard.tuning.session import tuner_reach
+        from lightning_loadguard.tuning.reach import tuner_reach
 
         loaders = _pl.train_loaders(trainer)
         key = (tuple(map(id, loaders)), steps_per_epoch)

@@ -43,7 +43,7 @@ from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
-from lightning_loadguard.tuning.session import _span_choices, _spanning_planner, tuner_budget
+from lightning_loadguard.tuning.reach import span_choices, spanning_planner, tuner_budget
 
 COST_KINDS = ("constant", "lognormal", "bursty", "pareto", "empirical")
 
@@ -646,7 +646,7 @@ def tune_sim(
     def make(span: int) -> Planner:
         return planner(user, budget, options, epoch_steps, span_epochs=span)
 
-    plan = _spanning_planner(make, _span_choices(pipeline.max_epochs))
+    plan = spanning_planner(make, span_choices(pipeline.max_epochs))
     if not plan.can_start():
         return Tuned(None, user, 0, 0), sim, plan
     return drive(sim, plan, options), sim, plan

@@ -29,13 +29,8 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
-from lightning_loadguard.tuning.session import (
-    _PROBES_WANTED,
-    _WATCHED,
-    _span_choices,
-    _spanning_planner,
-    tuner_budget,
-)
+from lightning_loadguard.tuning.reach import PROBES_WANTED, span_choices, spanning_planner, tuner_budget
+from lightning_loadguard.tuning.session import _WATCHED
 from lightning_loadguard.tuning.watch import DecisionWatch, WatchReference
 
 CHANGES = ("job_arrives", "job_leaves", "step_faster", "step_slower")
@@ -183,10 +178,10 @@ def retune(
         elif sim.consumed // epoch_steps == found_in:
             if span == "session":
                 plan = over(1)
-                if plan.budget_steps < _PROBES_WANTED * plan.window:
+                if plan.budget_steps < PROBES_WANTED * plan.window:
                     plan = None
         else:
-            plan = _spanning_planner(over, _span_choices(sim.p.max_epochs))
+            plan = spanning_planner(over, span_choices(sim.p.max_epochs))
             if not plan.can_start():
                 return None
         if plan is not None and plan.can_start():

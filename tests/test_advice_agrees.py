@@ -21,7 +21,8 @@ from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.window import HostFacts, LoaderSettings, WindowSnapshot
 from lightning_loadguard.model.diagnosis import TunerReach, diagnose
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
-from lightning_loadguard.tuning.session import TuneOptions, tuner_reach
+from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.reach import tuner_reach
 
 OFFER = "auto_tune=True"
 FAST = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False)

@@ -13,7 +13,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.model.diagnosis import diagnose
 from lightning_loadguard.tuning.options import TuneOptions
-from lightning_loadguard.tuning.session import tuner_budget
+from lightning_loadguard.tuning.reach import tuner_budget
 
 
 @settings(max_examples=150, deadline=None)

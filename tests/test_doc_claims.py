@@ -23,7 +23,7 @@ from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
-from lightning_loadguard.tuning.session import tuner_budget
+from lightning_loadguard.tuning.reach import tuner_budget
 
 # -- C31, docs/concepts.md "Idle inside a step counts as step time" ------------------------------------------------
 

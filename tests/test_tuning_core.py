@@ -21,7 +21,7 @@ from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
-from lightning_loadguard.tuning.session import _span_choices, _spanning_planner
+from lightning_loadguard.tuning.reach import span_choices, spanning_planner
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6)
 
@@ -256,7 +256,7 @@ def test_the_tuner_and_the_monitor_say_why_they_take_no_loader_list_but_one(coun
     from torch.utils.data import DataLoader
 
     from lightning_loadguard.meters.monitor import LoaderMonitor
-    from lightning_loadguard.tuning.session import tuner_reach
+    from lightning_loadguard.tuning.reach import tuner_reach
 
     loaders = [DataLoader(list(range(8))) for _ in range(count)]
     reach = tuner_reach(loaders, snapshot(4, 0.01), epoch_steps=8, max_epochs=None)
@@ -946,7 +946,7 @@ def test_a_short_epoch_spans_the_fewest_epochs_that_hold_three_probes_or_the_mos
     def make(epochs: int) -> Planner:
         return Planner(LoaderSettings(0), HostBudget(8, "cores"), TuneOptions(), epoch_steps=40, span_epochs=epochs)
 
-    planner = _spanning_planner(make, _span_choices(max_epochs))
+    planner = spanning_planner(make, span_choices(max_epochs))
     assert planner.window == 12 and planner.span_epochs == span
     assert planner.can_start() == (span > 1)
     assert planner.budget_steps == int(0.2 * 40 * span)
@@ -960,7 +960,7 @@ def test_an_epoch_whose_budget_holds_three_probes_is_probed_within_epoch_0(epoch
             LoaderSettings(0), HostBudget(8, "cores"), TuneOptions(), epoch_steps=epoch_steps, span_epochs=epochs
         )
 
-    assert _spanning_planner(make, _span_choices(None)).span_epochs == span
+    assert spanning_planner(make, span_choices(None)).span_epochs == span
 
 
 def test_a_window_that_failed_to_measure_on_one_rank_is_broken_on_every_rank() -> None:

@@ -3,11 +3,11 @@
 Plain Python, no Lightning: :mod:`~lightning_loadguard.tuning.options` (limits), :mod:`~.decision` (a
 candidate's result and the decision), :mod:`~.planner` (which setting to measure next and what to keep) and
 :mod:`~.session` (cuts windows from the loader monitor's snapshots and switches the loader in place, reaching
-the training loop through a ``TrainerPort``). The planner's parts: :mod:`~.arms` (a setting measured, the
-settling rule and the one comparison), :mod:`~.search` (the worker count and depth to measure next),
-:mod:`~.depth` (the depth no window shows: the production times' tail; the depth alone for an iterable dataset)
-and :mod:`~.persistence`. The host
-budget is :mod:`lightning_loadguard.model.budget`, the same the diagnosis uses; the Lightning side is
+the training loop through a :class:`~.port.TrainerPort`; :mod:`~.reach`: what it can do before it probes). The
+planner's parts: :mod:`~.arms` (a setting measured, the settling rule and the one comparison), :mod:`~.search`
+(the worker count and depth to measure next), :mod:`~.depth` (the depth no window shows: the production times'
+tail; the depth alone for an iterable dataset) and :mod:`~.persistence`. The host budget is
+:mod:`lightning_loadguard.model.budget`, the same the diagnosis uses; the Lightning side is
 ``lightning_loadguard._tuner_adapter``.
 
 Example:

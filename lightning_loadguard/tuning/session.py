@@ -5,23 +5,24 @@
 the :class:`~lightning_loadguard.tuning.planner.Planner` what to measure next, and restarts the train
 loader's iterator at the consumer's position with the next setting (:mod:`lightning_loadguard.position.switch`),
 so epoch 0 sees the same samples in the same order. Plain Python: the training loop is reached through a
-:class:`TrainerPort` (``lightning_loadguard._tuner_adapter`` implements it for Lightning).
+:class:`~lightning_loadguard.tuning.port.TrainerPort` (``lightning_loadguard._tuner_adapter`` implements it for
+Lightning); what it can do before it probes is :mod:`lightning_loadguard.tuning.reach`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_loadguard.meters.monitor import LoaderMonitor, WindowMark, not_one_loader
+from lightning_loadguard.meters.monitor import LoaderMonitor, WindowMark
 from lightning_loadguard.meters.ranks import WindowRanks
 from lightning_loadguard.meters.settings import LoaderSettings, settings_of
 from lightning_loadguard.meters.window import WindowSnapshot
-from lightning_loadguard.model.budget import HostBudget, snapshot_budget
+from lightning_loadguard.model.budget import HostBudget
 from lightning_loadguard.model.diagnosis import TunerReach
 from lightning_loadguard.position.switch import (
     OrderTap,
@@ -42,10 +43,19 @@ from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions, options_to_start
 from lightning_loadguard.tuning.planner import Planner
+from lightning_loadguard.tuning.port import TrainerPort
+from lightning_loadguard.tuning.reach import (
+    MAX_SPAN_EPOCHS,
+    PROBES_WANTED,
+    loaders_declined,
+    span_choices,
+    spanning_planner,
+    tuner_budget,
+)
 from lightning_loadguard.tuning.sharding import worker_sharding
 from lightning_loadguard.tuning.watch import DecisionWatch, HostChange, WatchReference
 
-__all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession", "tuner_budget", "tuner_reach"]
+__all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession"]
 
 T = TypeVar("T")
 
@@ -53,13 +63,6 @@ _STATE_VERSION = 1
 _KEPT = ("no_gain", "compute_bound")  # the verdicts that tell the user "your settings are kept"
 _WATCHED = ("improved", *_KEPT)  # the decisions a re-tune may revisit (probed, map-style)
 _WATCHED_STEPS = 3
-
-
-MAX_SPAN_EPOCHS = 5
-"""Most epochs the probing may span when one epoch is too short for it."""
-
-_PROBES_WANTED = 3
-"""Candidates a span of several epochs is sized to hold, when one epoch holds none."""
 
 
 class _CannotSwitch(Exception):
@@ -78,20 +81,6 @@ class _Abandoned(Exception):
         super().__init__(f"{what} failed ({where})")
 
 
-def _span_choices(max_epochs: int | None) -> tuple[int, ...]:
-    last = MAX_SPAN_EPOCHS if max_epochs is None or max_epochs < 1 else min(MAX_SPAN_EPOCHS, max_epochs)
-    return tuple(range(1, last + 1))
-
-
-def _spanning_planner(make: Callable[[int], Planner], spans: tuple[int, ...]) -> Planner:
-    """The fewest epochs whose probe budget holds ``_PROBES_WANTED`` candidates, or failing that the most the
-    fit allows (a budget that holds one or two candidates decides on one or two)."""
-    planners = [make(span) for span in spans]
-    able = [p for p in planners if p.can_start()]
-    roomy = [p for p in able if p.budget_steps >= _PROBES_WANTED * p.window]
-    return roomy[0] if roomy else (able or planners)[-1]
-
-
 def _epochs(count: int) -> str:
     return "epoch" if count == 1 else f"{count} epochs"
 
@@ -102,161 +91,6 @@ def _what_starts(options: TuneOptions, epoch_steps: int) -> str:
         return "Epochs this short are not tuned: a smaller batch size gives more steps, or set the loader by hand."
     code, window = wanted
     return f"To tune it anyway: LoadGuard(auto_tune={code}), which measures windows of {window} steps (noisier)."
-
-
-class TrainerPort(Protocol):
-    """What the tuner needs of the training loop, and nothing more."""
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def global_rank(self) -> int: ...
-
-    @property
-    def current_epoch(self) -> int: ...
-
-    @property
-    def max_epochs(self) -> int | None:
-        """Epochs the fit runs at most (``None``: unbounded)."""
-        ...
-
-    @property
-    def devices_on_host(self) -> int:
-        """Training processes this one's node runs (before the ranks' figures say how many share the host)."""
-        ...
-
-    @property
-    def pinning_helps(self) -> bool:
-        """An accelerator exists that pinned host memory speeds transfers to."""
-        ...
-
-    def gather_rows(self, row: Sequence[float]) -> list[list[float]]:
-        """Every rank's ``row`` (equal lengths on every rank), by global rank: the ranks' one collective per
-        window (:data:`~lightning_loadguard.meters.ranks.Gather`)."""
-        ...
-
-    def train_iterator(self) -> tuple[Any | None, str | None]:
-        """The loader iterator the loop fetches from, or ``None`` and why it cannot be replaced."""
-        ...
-
-    def replace_train_iterator(self, old: Any, new: Any) -> None:
-        """Make the loop's next fetch come from ``new``."""
-        ...
-
-    def epoch_steps(self, loader: Any) -> int | None:
-        """Steps of the current epoch, or ``None`` where the loader has no length."""
-        ...
-
-    def consumed_in_epoch(self) -> int:
-        """Steps the loop finished in the current epoch."""
-        ...
-
-    def broadcast(self, obj: T) -> T:
-        """Global rank 0's ``obj`` on every rank."""
-        ...
-
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank."""
-        ...
-
-    def info(self, message: str) -> None:
-        """Progress, on global rank 0."""
-        ...
-
-    def log_text(self, tag: str, text: str) -> None:
-        """A text record to the loggers that keep text."""
-        ...
-
-
-def tuner_budget(window: WindowSnapshot, options: TuneOptions, devices_on_host: int = 1) -> HostBudget:
-    """The host budget the tuner plans with: the diagnosis's (:func:`~lightning_loadguard.model.budget.snapshot_budget`
-    of the same window) under the user's limits.
-
-    ``devices_on_host`` counts this node's training processes before the ranks' figures have said how many share
-    the host.
-
-    Example:
-        >>> from lightning_loadguard.meters.window import HostFacts
-        >>> window = WindowSnapshot(wait_s=(0.0,), step_s=(0.1,), host=HostFacts(cpu_count=16))
-        >>> tuner_budget(window, TuneOptions()).max_workers, tuner_budget(window, TuneOptions(), 4).max_workers
-        (15, 3)
-    """
-    processes = max(devices_on_host, window.host.processes_on_host)
-    return snapshot_budget(
-        replace(window, host=replace(window.host, processes_on_host=processes)),
-        max_workers=options.max_workers,
-        ram_share=options.memory_share,
-        shm_share=options.shm_share,
-    )
-
-
-def _loaders_declined(loaders: list[Any]) -> str | None:
-    """Why the tuner cannot tune these train loaders at all, or ``None``."""
-    if len(loaders) != 1:
-        return not_one_loader(loaders)
-    loader = loaders[0]
-    if not isinstance(loader, DataLoader):
-        return f"the train loader is a {type(loader).__name__}, not a torch DataLoader"
-    if isinstance(loader.dataset, IterableDataset) and loader.num_workers == 0:
-        sharding = worker_sharding(loader.dataset)
-        if sharding is not None:
-            return (
-                f"the train loader reads {sharding}, in the main process; workers would change each epoch's "
-                "order (which worker reads which shard, interleaved batch by batch) and without them no "
-                "buffer exists to deepen. Set num_workers yourself (the order then follows it) and the "
-                "prefetch depth can be tuned"
-            )
-        return (
-            "the train loader reads an IterableDataset in the main process; more workers would each replay an "
-            "unsharded dataset (duplicate samples) and no buffer exists to deepen"
-        )
-    return None
-
-
-def tuner_reach(
-    loaders: list[Any],
-    window: WindowSnapshot,
-    *,
-    epoch_steps: int | None,
-    max_epochs: int | None,
-    devices_on_host: int = 1,
-    options: TuneOptions | None = None,
-) -> TunerReach:
-    """Whether ``LoadGuard(auto_tune=options)`` would probe worker counts for these train loaders, in a fit that
-    starts in epoch 0: the checks the tuner itself makes before it probes (the loaders' kind, the epoch's room
-    for a candidate), from the same functions.
-
-    Example:
-        >>> from lightning_loadguard.meters.window import HostFacts
-        >>> window = WindowSnapshot(wait_s=(0.01,), step_s=(0.01,), host=HostFacts(cpu_count=4))
-        >>> loader = DataLoader(list(range(4000)), batch_size=4)
-        >>> tuner_reach([loader], window, epoch_steps=1000, max_epochs=None).acts
-        True
-        >>> tuner_reach([loader], window, epoch_steps=10, max_epochs=1).reason
-        'epochs of 10 steps leave no room to measure your settings and one candidate (max_epochs=1)'
-    """
-    options = options or TuneOptions()
-    reason = _loaders_declined(loaders)
-    if reason is not None:
-        return TunerReach(False, reason)
-    loader = loaders[0]
-    if isinstance(loader.dataset, IterableDataset) or epoch_steps is None:
-        return TunerReach(
-            False, "the train loader reads an IterableDataset: its num_workers is never changed, only its prefetch"
-        )
-    budget = tuner_budget(window, options, devices_on_host)
-    original = settings_of(loader)
-
-    def planner(span: int) -> Planner:
-        return Planner(original, budget, options, epoch_steps, span_epochs=span)
-
-    if not _spanning_planner(planner, _span_choices(max_epochs)).can_start():
-        cap = f" (max_epochs={max_epochs})" if max_epochs is not None else ""
-        return TunerReach(
-            False, f"epochs of {epoch_steps} steps leave no room to measure your settings and one candidate{cap}"
-        )
-    return TunerReach(True)
 
 
 class _ProbeIterator:
@@ -409,7 +243,7 @@ class TuningSession:
         # Without a length (an iterable dataset) only the user's window is measured: size it as for 10 windows.
         planner_steps = steps if steps is not None else 10 * (self.options.warmup_steps + self.options.window_for(0))
         consumed = port.consumed_in_epoch()
-        epochs = _span_choices(port.max_epochs) if consumed == 0 and not self._iterable else (1,)
+        epochs = span_choices(port.max_epochs) if consumed == 0 and not self._iterable else (1,)
 
         def planner(span: int) -> Planner:
             assert self._budget is not None
@@ -418,7 +252,7 @@ class TuningSession:
                 original, self._budget, self.options, steps_left, pinning_helps=port.pinning_helps, span_epochs=span
             )
 
-        self._planner = _spanning_planner(planner, epochs)
+        self._planner = spanning_planner(planner, epochs)
         if not self._iterable and not self._planner.can_start():
             window = self._planner.window
             span = self._planner.span_epochs
@@ -1004,7 +838,7 @@ class TuningSession:
         decision = self.decision
         if decision is None or self._reference is None or not self._watchable(decision):
             return False
-        if _loaders_declined(loaders) is not None or isinstance(loaders[0].dataset, IterableDataset):
+        if loaders_declined(loaders) is not None or isinstance(loaders[0].dataset, IterableDataset):
             return False
         loader = loaders[0]
         if port.epoch_steps(loader) is None:
@@ -1113,11 +947,11 @@ class TuningSession:
 
         if port.current_epoch == self._due_epoch:
             planner = planner_over(1)
-            if not (planner.can_start() and planner.budget_steps >= _PROBES_WANTED * planner.window):
+            if not (planner.can_start() and planner.budget_steps >= PROBES_WANTED * planner.window):
                 return False
         else:
             remaining = None if port.max_epochs is None else max(1, port.max_epochs - port.current_epoch)
-            planner = _spanning_planner(planner_over, _span_choices(remaining))
+            planner = spanning_planner(planner_over, span_choices(remaining))
             if not planner.can_start():
                 self._stop_watching()
                 reason = self._retune_reason
@@ -1196,7 +1030,7 @@ class TuningSession:
             )
 
     def _cannot_tune(self, port: TrainerPort, loaders: list[Any]) -> str | None:
-        reason = _loaders_declined(loaders)
+        reason = loaders_declined(loaders)
         if reason is None and port.current_epoch != 0:
             return "tuning runs in epoch 0, and this run starts in a later epoch without a stored decision"
         return reason
