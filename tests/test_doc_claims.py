@@ -428,10 +428,12 @@ def test_the_diagnosis_text_is_logged_again_when_the_verdict_changes() -> None:
     # 20 steps of 60 ms whose batches are free, then 40 whose 4 samples take 8 ms each, made in the loop: 32 ms of
     # waiting per step, a producer deficit by the test's own design (spoken once it held 3 windows). Making a free
     # batch in the loop takes about 0.5 ms on a quiet 2-core host and over 1 ms on a loaded one, where a 20 ms step
-    # read as a deficit from the start: 60 ms keeps it under 2 % of the loop.
+    # read as a deficit from the start: 60 ms keeps it under 2 % of the loop. LoadGuard logs every 5 steps: where
+    # it follows the trainer's cadence it paces its logging steps to 0.05 % of the time, here one in 30 or more,
+    # too few for a new verdict to hold 3 of them within the fit.
     switch = 20
     logger = _Texts()
-    guard = LoadGuard(window=10, print_summary=False)
+    guard = LoadGuard(window=10, log_every_n_steps=5, print_summary=False)
     trainer = quiet_trainer(max_epochs=1, logger=logger, log_every_n_steps=5, callbacks=[guard])
     loader = DataLoader(_SlowsDown(4 * 3 * switch, switch_at=4 * switch, sample_s=0.008), batch_size=4)
     trainer.fit(TimedModule(step_s=0.06, record=False), loader)

@@ -509,15 +509,16 @@ class _PauseEachEpoch(pl.Callback):
 def test_a_window_served_from_a_full_buffer_is_read_since_its_iterator_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # 16 workers make a batch in 0.2 s each; the loop pauses 2 s after each epoch's second step, so the buffer is
+    # 16 workers make a batch in 0.5 s each; the loop pauses 3 s after each epoch's second step, so the buffer is
     # full when the window starts, and the window's 4 ms steps are all served from it before a worker makes
-    # another: the window says nothing of the rate. Where it is a setting's first since its restart, it is read
+    # another (10 steps in 0.5 s: beside a second run of the suite, 0.2 s batches were too short for that once):
+    # the window says nothing of the rate. Where it is a setting's first since its restart, it is read
     # over all that setting ran since its iterator started (the workers' start kept out): the steps, the pause
     # among them. Known costs bound that rate for your settings, whose iterator is the epoch's: at most n steps
-    # in the pause plus 4 ms each, at least a quarter of n in the pause, the first batch's 0.2 s and the steps
+    # in the pause plus 4 ms each, at least a quarter of n in the pause, the first batch's 0.5 s and the steps
     # (0, the window's own reading, fails). A probed setting's iterator starts at its switch, mid-epoch, whose
     # cost is not known here: at most one step per 4 ms. A window measured again joins the ones before it.
-    step_s, pause_s, batch_s = 0.004, 2.0, 0.2
+    step_s, pause_s, batch_s = 0.004, 3.0, 0.5
     reads: list[tuple[WindowSnapshot, WindowSnapshot]] = []
     measured = session_module.TuningSession._measured
 
