@@ -40,6 +40,7 @@ def test_image_pipeline_is_cpu_bound_in_the_loader(tmp_path: Path) -> None:
     assert list((tmp_path / "logs").rglob("events.out.tfevents*"))
 
 
+@pytest.mark.slow  # 8 s, two ranks; test_ddp.py's slow rank is in the default run
 def test_ddp_names_the_slow_rank(tmp_path: Path) -> None:
     out = _run("ddp.py", "--batches", "24", "--epochs", "1", cwd=tmp_path)
     match = re.search(

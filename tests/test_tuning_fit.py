@@ -475,6 +475,7 @@ def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -
     assert trainer.train_dataloader.num_workers == decision.num_workers
 
 
+@pytest.mark.slow  # 8 s of 16 workers starting; test_tuning_core.py weighs their start on figures by default
 def test_workers_whose_start_outweighs_a_short_epoch_are_kept_and_the_epochs_run_faster() -> None:
     # 16 workers over 30-step epochs, each worker starting in 0.5 s (asleep, as a slow import or file open is):
     # every fresh epoch waits for that, its steps take about 0.2 s. Whatever the probes read of the counts (here
@@ -506,6 +507,7 @@ class _PauseEachEpoch(pl.Callback):
             time.sleep(self.pause_s)
 
 
+@pytest.mark.slow  # 16 s: three 3 s pauses; test_tuning_sweep.py reads such windows on the simulator by default
 def test_a_window_served_from_a_full_buffer_is_read_since_its_iterator_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
