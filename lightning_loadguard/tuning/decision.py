@@ -176,6 +176,14 @@ class TuneDecision:
         return cls(**data)
 
 
+def start_names(retune: bool) -> tuple[str, str]:
+    """What the notes call the settings the probing started from (``retune``: an earlier decision's), and the words
+    for keeping them."""
+    if retune:
+        return "the earlier choice", "the earlier choice is kept"
+    return "your settings", "your settings are kept"
+
+
 def verdict_of(
     user: Arm, chosen: Arm, fastest: Arm, min_gain: float, *, retune: bool = False
 ) -> tuple[TuneVerdict, str, float]:
@@ -191,9 +199,7 @@ def verdict_of(
         >>> verdict_of(user, probed, probed, 0.05)
         ('improved', '2.00x the steps/s of your settings', 0.0)
     """
-    start, kept = (
-        ("the earlier choice", "the earlier choice is kept") if retune else ("your settings", "your settings are kept")
-    )
+    start, kept = start_names(retune)
     deficit = winnable(chosen)
     deficit = 0.0 if deficit < WAIT_OK else deficit
     # Without workers the loss is the main process's own loading, which the counts measured did not win back.

@@ -31,7 +31,7 @@ from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.capacity import WAIT_OK
 from lightning_loadguard.tuning.arms import Arm, Arms, beats, gain, roomiest, winnable
-from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, verdict_of
+from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, start_names, verdict_of
 from lightning_loadguard.tuning.depth import epoch_tail, tail_deepened
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 from lightning_loadguard.tuning.persistence import WorkerStarts
@@ -147,7 +147,7 @@ class Planner:
     @property
     def _start(self) -> str:
         """What the notes call :attr:`original`."""
-        return "the earlier choice" if self.retune else "your settings"
+        return start_names(self.retune)[0]
 
     def can_start(self) -> bool:
         """Whether the epochs spanned leave room to measure the user's setting and at least one candidate: a
