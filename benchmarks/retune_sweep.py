@@ -32,7 +32,7 @@ from sim_sweep import map_seeds
 from workloads import commit
 
 _SPAN_WORDS = {
-    "session": "where the session re-tunes (the rest of the epoch where it holds three candidates, else from the "
+    "session": "where the session re-tunes (the rest of the epoch where it holds five windows, else from the "
     "next epoch spanning as a first tuning)",
     "rest": "over the rest of the epoch",
     "next": "from the next epoch, spanning as a first tuning",

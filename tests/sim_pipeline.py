@@ -672,9 +672,15 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
             sim.run(left)
             if plan.current != plan.original:
                 plan.probe_steps += left
-            if sim.consumed >= span_end or plan.probe_steps + plan.steps_for(plan.current) > plan.budget_steps:
+            if sim.consumed >= span_end:
                 plan.note_budget_spent()
                 decision = plan.decide()
+            else:
+                following = plan.after_epoch_end()
+                if following is None:
+                    decision = plan.decide()
+                elif following != sim.settings:
+                    sim.switch(following)
             opened = sim.consumed  # the next epoch starts its iterator (its workers again, unless persistent)
             continue
         sim.run(warm)

@@ -938,11 +938,11 @@ def test_a_0_1_0_checkpoint_loads_without_a_watch_and_a_watched_one_keeps_its_re
     assert torn.state_dict()["tuner"] == _STATE_0_1_0
 
 
-@pytest.mark.parametrize(("max_epochs", "span"), [(None, 5), (4, 4), (1, 1), (200, 5)])
-def test_a_short_epoch_spans_the_fewest_epochs_that_hold_three_probes_or_the_most_allowed(
+@pytest.mark.parametrize(("max_epochs", "span"), [(None, 8), (4, 4), (1, 1), (200, 8), (6, 6)])
+def test_a_short_epoch_spans_the_fewest_epochs_that_hold_five_windows_or_the_most_allowed(
     max_epochs: int | None, span: int
 ) -> None:
-    # 40-step epochs, windows of 12 steps: one epoch's 20 % (8 steps) holds none, two (16) one, five (40) three.
+    # 40-step epochs, windows of 12 steps: one epoch's 20 % (8 steps) holds none, two (16) one, eight (64) five.
     def make(epochs: int) -> Planner:
         return Planner(LoaderSettings(0), HostBudget(8, "cores"), TuneOptions(), epoch_steps=40, span_epochs=epochs)
 
@@ -952,9 +952,9 @@ def test_a_short_epoch_spans_the_fewest_epochs_that_hold_three_probes_or_the_mos
     assert planner.budget_steps == int(0.2 * 40 * span)
 
 
-@pytest.mark.parametrize(("epoch_steps", "span"), [(500, 1), (300, 2)])
-def test_an_epoch_whose_budget_holds_three_probes_is_probed_within_epoch_0(epoch_steps: int, span: int) -> None:
-    # Windows of 28 steps (4 of warm-up): three need 84 steps of probing, 20 % of 420.
+@pytest.mark.parametrize(("epoch_steps", "span"), [(700, 1), (500, 2), (300, 3)])
+def test_an_epoch_whose_budget_holds_five_windows_is_probed_within_epoch_0(epoch_steps: int, span: int) -> None:
+    # Windows of 28 steps (4 of warm-up): five need 140 steps of probing, 20 % of 700.
     def make(epochs: int) -> Planner:
         return Planner(
             LoaderSettings(0), HostBudget(8, "cores"), TuneOptions(), epoch_steps=epoch_steps, span_epochs=epochs
@@ -1095,3 +1095,39 @@ def test_a_heavy_tailed_read_gets_the_depth_its_tail_asks_for_at_the_chosen_coun
     walled = HostBudget(64, "cores", max_in_flight=24, memory_bound="host_memory")
     _, at_wall = _decide_on_times(heavy, 0.02, 100.0, walled)
     assert at_wall.setting.batches_in_flight <= 24, at_wall.table()
+
+
+def test_an_epoch_end_that_leaves_the_planned_candidate_no_room_measures_your_free_settings_again() -> None:
+    # docs/tuning.md, Next window: an epoch's end dropped the open window, and the probe budget's rest no longer
+    # holds the candidate planned (its steps, and the one step of the new epoch run under it, are spent); the
+    # next window the procedure asks for that fits is your settings' second (they cost no probe steps), since a
+    # setting replaces yours measured only once; where the candidate still fits, it is measured from there.
+    def planned() -> tuple[Planner, LoaderSettings]:
+        planner = Planner(LoaderSettings(0), HostBudget(8, "cores"), FAST, epoch_steps=40, span_epochs=4)
+        first = planner.record(window(20.0, 0.010, 0.05))
+        assert first is not None and first != planner.original
+        second = planner.record(window(60.0, 0.010, 0.05))
+        assert second is not None and second not in (planner.original, first)
+        return planner, second
+
+    planner, candidate = planned()
+    planner.probe_steps = planner.budget_steps - planner.steps_for(candidate)  # the drop left exactly its room
+    assert planner.after_epoch_end(ran=1) == candidate == planner.current
+    assert planner.probe_steps == planner.budget_steps - planner.steps_for(candidate)  # its window holds the step
+
+    planner, candidate = planned()
+    spent = planner.probe_steps = planner.budget_steps - planner.steps_for(candidate) + 1
+    assert planner.after_epoch_end(ran=1) == planner.original == planner.current
+    assert planner.probe_steps == spent + 1 and not planner.continuing
+    assert "your settings measured again" in planner.current_note
+    planner.record(window(20.0, 0.010, 0.05))
+    decision = planner.decide()
+    assert decision.verdict == "improved" and decision.probe_steps <= decision.probe_budget_steps
+
+    planner, candidate = planned()
+    planner.probe_steps = planner.budget_steps - planner.steps_for(candidate) + 1
+    # Your settings measured as often as an arm is: no window that fits could change the decision.
+    planner.arms[planner.original] = replace(planner.arms[planner.original], windows=3)
+    assert planner.after_epoch_end(ran=1) is None
+    decision = planner.decide()
+    assert decision.bounded_by == "probe_budget" and decision.probe_steps <= decision.probe_budget_steps

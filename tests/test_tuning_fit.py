@@ -80,13 +80,17 @@ class EpochRates(pl.Callback):
         self.rates.append(self._steps / (time.perf_counter() - self._started))
 
 
+# 120-step epochs: at 35 %, epoch 0's probe budget (42 steps) holds five 8-step windows, so probing ends in it.
+EPOCH_0_ALONE = replace(FAST, probe_share=0.35)
+
+
 def test_epochs_see_the_untuned_order_while_settings_switch() -> None:
     untuned_clock, tuned_clock = EpochRates(), EpochRates()
     untuned, _, _ = fit(io_bound(), False, callbacks=[untuned_clock])
-    tuned, guard, trainer = fit(io_bound(), FAST, callbacks=[tuned_clock])
+    tuned, guard, trainer = fit(io_bound(), EPOCH_0_ALONE, callbacks=[tuned_clock])
     decision = guard.decision
     assert decision is not None and len(decision.candidates) >= 2  # settings really switched mid-epoch
-    # Whether a 24-step budget tells the candidates apart depends on the host's load (beside five other test
+    # Whether a 42-step budget tells the candidates apart depends on the host's load (beside five other test
     # suites, 1 and 4 workers both read 61 steps/s: the loop's own CPU paced both); whether the tuner chooses
     # well is judged on simulated pipelines (tests/test_tuning_sweep.py), the order here.
     assert decision.verdict in ("improved", "no_gain"), decision.table()
@@ -95,7 +99,7 @@ def test_epochs_see_the_untuned_order_while_settings_switch() -> None:
     assert tuned[:half] == untuned[:half]
     assert tuned[half:] == untuned[half:]
     assert trainer.train_dataloader.num_workers == decision.num_workers
-    assert decision.probe_steps <= decision.probe_budget_steps == 24
+    assert decision.probe_steps <= decision.probe_budget_steps == 42
     # Never worse, on the test's own clock: the second epoch, run wholly at the kept setting, against the
     # untuned run's second epoch. On a quiet host the gain is large (one worker sleeping 12 ms a batch against a
     # 4 ms step); on a saturated one the loop's own CPU paces both runs alike. Two runs one after the other see
@@ -104,7 +108,7 @@ def test_epochs_see_the_untuned_order_while_settings_switch() -> None:
     while ratios[-1] < 0.9 and len(ratios) < 3:
         untuned_clock, tuned_clock = EpochRates(), EpochRates()
         fit(io_bound(), False, callbacks=[untuned_clock])
-        fit(io_bound(), FAST, callbacks=[tuned_clock])
+        fit(io_bound(), EPOCH_0_ALONE, callbacks=[tuned_clock])
         ratios.append(tuned_clock.rates[1] / untuned_clock.rates[1])
     assert ratios[-1] >= 0.9, f"tuned / untuned steps per second, each measured pair: {ratios}"
 
@@ -460,7 +464,7 @@ def test_a_short_epoch_says_what_would_tune_it_and_those_options_do() -> None:
 
 def test_short_epochs_are_tuned_across_the_first_epochs_in_the_untuned_order() -> None:
     # 40 steps an epoch: epoch 0's probe share (8 steps) holds no 12-step window; two epochs' share (16) holds one,
-    # and none of the four the fit runs holds three: the probing spans all four (32 steps).
+    # and none of the four the fit runs holds five: the probing spans all four (32 steps).
     untuned, _, _ = fit(io_bound(length=160), False, epochs=4)
     tuned, guard, trainer = fit(io_bound(length=160), True, epochs=4)
     decision = guard.decision

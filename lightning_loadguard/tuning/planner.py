@@ -123,6 +123,8 @@ class Planner:
         self.probe_time_s = 0.0
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
+        # The setting whose workers run: measured again, it needs no restart.
+        self._running: LoaderSettings | None = original
         self._ran_out = False
         self._starts = WorkerStarts(options, epoch_steps)
         self.chosen: Arm | None = None
@@ -177,6 +179,23 @@ class Planner:
         """The epochs the probing may span are over: what was measured is all there is to decide on."""
         self._ran_out = True
 
+    def after_epoch_end(self, ran: int = 0) -> LoaderSettings | None:
+        """An epoch's end dropped the open window of :attr:`current` (its steps spent), and ``ran`` steps of the next
+        epoch ran under it: the setting to measure from there, :attr:`current` where its measurement (those steps
+        its warm-up) still fits the probe budget (your settings cost none), else the next the procedure asks for
+        that fits (your settings measured again, where they could change the decision); ``None``: decide on what
+        was measured."""
+        self.continuing, self._running = False, None  # the next epoch starts its iterator afresh
+        if self.current == self.original or self.probe_steps + self.steps_for(self.current) <= self.budget_steps:
+            return self.current
+        self.probe_steps += ran
+        proposal = self._next()
+        if proposal is None:
+            self.note_budget_spent()
+            return None
+        self.current, self.current_note = proposal.setting, proposal.note
+        return proposal.setting
+
     def record(
         self, window: WindowSnapshot, failed: str | None = None, *, startup_s: float | None = None
     ) -> LoaderSettings | None:
@@ -184,6 +203,7 @@ class Planner:
         starting its workers cost, where it was seen); return the next setting to measure (``None``: decide now)."""
         setting = self.current
         note = self.current_note
+        self._running = setting
         if not failed:
             self._starts.record(setting, window, startup_s)
         if (
@@ -262,7 +282,7 @@ class Planner:
 
     def _affordable(self, setting: LoaderSettings) -> bool:
         """Within the probe budget (the user's settings cost none) and the steps the span has left."""
-        again = setting == self.current
+        again = setting == self._running
         steps = self.steps_for(setting, continuing=again)
         if sum(r.steps for r in self.results) + steps > self.epoch_steps * self.span_epochs:
             return False

@@ -19,11 +19,14 @@ from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.sharding import worker_sharding
 
-MAX_SPAN_EPOCHS = 5
-"""Most epochs the probing may span when one epoch is too short for it."""
+MAX_SPAN_EPOCHS = 10
+"""Most epochs the probing may span when one epoch is too short for it (the probe share of each stays the same: more
+epochs delay the decision, they do not make probing cost more)."""
 
-PROBES_WANTED = 3
-"""Candidates a span of several epochs is sized to hold, when one epoch holds none."""
+PROBES_WANTED = 5
+"""Windows a span of several epochs is sized to hold, when one epoch holds fewer: your settings, the search's first
+counts and a second window of the two that decide (with three, short epochs decided on single windows of a few
+steps: ``benchmarks/RESULTS.md``, the tuner on simulated pipelines)."""
 
 
 def span_choices(max_epochs: int | None) -> tuple[int, ...]:
@@ -32,7 +35,7 @@ def span_choices(max_epochs: int | None) -> tuple[int, ...]:
 
 
 def spanning_planner(make: Callable[[int], Planner], spans: tuple[int, ...]) -> Planner:
-    """The fewest epochs whose probe budget holds ``PROBES_WANTED`` candidates, or failing that the most the
+    """The fewest epochs whose probe budget holds ``PROBES_WANTED`` windows, or failing that the most the
     fit allows (a budget that holds one or two candidates decides on one or two)."""
     planners = [make(span) for span in spans]
     able = [p for p in planners if p.can_start()]

@@ -304,10 +304,8 @@ class TuningSession:
             elif self._tap is not None and port.current_epoch != self._epoch:
                 self._stop_probing()
             return
-        if port.current_epoch != self._epoch:
-            self._epoch_turned(port)
-            if not self._active:
-                return
+        if port.current_epoch != self._epoch and not self._epoch_turned(port):
+            return
         self._step += 1
         warmup = self._warmup_steps
         try:
@@ -328,24 +326,33 @@ class TuningSession:
         if self._step == warmup:
             self._window_start = self.monitor.mark()
 
-    def _epoch_turned(self, port: TrainerPort) -> None:
-        """A new epoch began while probing: the open window is dropped (its steps count as probing under a
-        candidate), and probing goes on at the new epoch's start, or the tuner decides when the span is over."""
+    def _epoch_turned(self, port: TrainerPort) -> bool:
+        """The new epoch's first step ran while probing: the open window is dropped (its steps count as probing
+        under a candidate), and probing goes on with the setting the budget left still holds
+        (:meth:`Planner.after_epoch_end`): the running one, its window counting this step, else another from the
+        next step; or the tuner decides when the span is over or none fits. Whether the step counts in a window."""
         planner = self._planner
         assert planner is not None
         self._epoch = port.current_epoch
-        if planner.current != planner.original:
+        running = planner.current
+        if running != planner.original:
             planner.probe_steps += self._step
         self._step = 0
         self._window_start = None
-        spanned = self._epoch - self._first_epoch
-        spent = planner.probe_steps + planner.steps_for(planner.current) > planner.budget_steps
-        if spanned >= planner.span_epochs or spent:
+        if self._epoch - self._first_epoch >= planner.span_epochs:
             planner.note_budget_spent()
+            following = None
+        else:
+            following = self._together(port, "planning the next probe", lambda: planner.after_epoch_end(ran=1))
+        if following is None:
             # The tap stays for this epoch: a failure of the chosen setting can still go back mid-epoch.
             self._finish(port, self._together(port, "deciding", self._decide))
-            return
-        self._progress(f"epoch {self._epoch}: measuring {planner.current.label} again from the epoch's start")
+            return False
+        if following != running:
+            self._go_on(port, None, following)
+            return False
+        self._progress(f"epoch {self._epoch}: measuring {running.label} again from the epoch's start")
+        return True
 
     def teardown(self) -> None:
         """Fit ended: give the loader its own sampler back if epoch 0 did not finish."""
