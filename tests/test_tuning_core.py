@@ -404,13 +404,29 @@ def test_where_every_count_runs_alike_the_search_halves_down_to_loading_in_proce
     # Handing a batch over costs the loop 12 ms, making it in process 8 ms: every worker count runs alike (the
     # hand-over paces the loop), and more workers, one of them faster by a hair, did not pay; so the search halves
     # from the lowest count measured down to none (tests/sim_sweep.py's handover_bound-701: 0.88 of the best
-    # without it, 1.00 with it).
+    # without it, 1.00 with it). Here without the rule that tries no workers first (the test below).
     measure = {w: (45.0 + w * 1e-6, 0.010) for w in range(1, 9)} | {0: (55.0, 0.010)}
-    planner = Planner(LoaderSettings(4, 2), HostBudget(8, "cores"), FAST, epoch_steps=2000)
+    halving = type("HalvingPlanner", (Planner,), {"rules": Planner.rules - {"main_process"}})
+    planner = halving(LoaderSettings(4, 2), HostBudget(8, "cores"), FAST, epoch_steps=2000)
     probed = _search(planner, measure, 0.008)
     assert probed[:6] == [4, 8, 6, 2, 1, 0], planner.decide().table()
     assert planner.results[5].note == "the search: fewer workers, since more did not pay"
     assert planner.decide().num_workers == 0
+
+
+def test_where_the_loop_waits_longer_per_batch_than_a_worker_makes_one_the_search_tries_no_workers_first() -> None:
+    # The same loader: the loop waits 12 ms for each batch that a worker makes in 8 ms, so the wait is the hand-over,
+    # which no worker count shortens; loading in the main process is measured right after your settings
+    # (tests/sim_sweep.py's handover_bound-185, 4 workers on 2 cores: 0.77 of the best without it, 1.00 with it).
+    measure = {w: (45.0 + w * 1e-6, 0.010) for w in range(1, 9)} | {0: (55.0, 0.010)}
+    planner = Planner(LoaderSettings(4, 2), HostBudget(8, "cores"), FAST, epoch_steps=2000)
+    probed = _search(planner, measure, 0.008)
+    assert probed[:2] == [4, 0], planner.decide().table()
+    assert planner.results[1].note.startswith("the search: in the main process")
+    assert planner.decide().num_workers == 0
+    # Where a worker takes longer to make a batch than the loop waits for one, more workers are the search's way.
+    slower = Planner(LoaderSettings(4, 2), HostBudget(8, "cores"), FAST, epoch_steps=2000)
+    assert _search(slower, measure, 0.020)[1] != 0
 
 
 def test_where_one_more_worker_did_not_pay_twice_as_many_are_measured_once() -> None:

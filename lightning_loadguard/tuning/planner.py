@@ -53,6 +53,7 @@ RULES = frozenset(
         "unsure",  # a count above the best that read slower within the noise is measured again
         "bisect",  # between the best count and a slower neighbour more than a quarter apart
         "halve",  # half the lowest count where more did not pay from it
+        "main_process",  # no workers, where the loop waits longer per batch than a worker takes to make one
         "twice",  # twice a count that did not pay, once, while the loop waits
         "deeper",  # at the best count, the depth the buffer replay asks for
         "contest",  # the leader or the user's settings measured again while they could change the decision

@@ -1,7 +1,8 @@
 """Step 2 of the tuner's procedure: the worker count to measure next, and the depth at the search's best count.
 
 The search reads the arms as measured (it only chooses what to measure; the decision alone asks for a win beyond
-the noise): from the model's estimate (Little's law on the measured production time, raised to the count the buffer
+the noise): no workers where the loop waits longer per batch than a worker takes to make one (the hand-over); else
+from the model's estimate (Little's law on the measured production time, raised to the count the buffer
 replay of the bursts asks for), doubled while the last count up read ``min_gain`` faster than the one before, once
 more at a count above the best that read slower only within the noise, between the best count and a slower one,
 down by half where more did not pay, and once to twice a count that did not pay; at the search's best count, the
@@ -83,6 +84,13 @@ class Search:
         # waits. From the model's estimate, at least twice as many. The search reads the rates as measured: it only
         # chooses what to measure next, and the decision alone asks for a win beyond the noise.
         paid = faster(best, counts[max(below)], self.options.min_gain) if below else winnable(best) >= WAIT_OK
+        # Where the loop waits longer for each batch than a worker takes to make one, the wait is the hand-over of
+        # made batches, which no count of workers shortens: loading in the main process has none.
+        production = best.window.mean_production_s
+        if "main_process" in self.rules and b > 0 and production and best.window.mean_wait_s > production:
+            proposal = self._at(best.setting, 0, "the search: in the main process, the hand-over costing more")
+            if proposal is not None:
+                return proposal
         if not above and paid:
             target = max(2 * b, 1, self._estimate(best, arms) if "estimate" in self.rules else 0)
             proposal = self._at(best.setting, target, "the search: up from the best count")
