@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TOP_SHARE = 0.25
 """The share of the measured times, the longest, that the tail is fitted to."""
@@ -39,6 +39,7 @@ class Tail:
         index: the tail index (> 0; smaller is heavier: under 2 the variance is infinite, under 1 the mean).
         threshold_s: where the tail starts, in seconds.
         share: the share of all times above ``threshold_s``.
+        top: how many measured times the index was fitted to (``None``: given, not fitted).
 
     Example:
         >>> tail = Tail(index=2.0, threshold_s=0.1, share=0.25)
@@ -49,6 +50,22 @@ class Tail:
     index: float
     threshold_s: float
     share: float
+    top: int | None = None
+
+    def heavier(self, standard_errors: float) -> Tail:
+        """This tail with its index ``standard_errors`` standard errors lower: as heavy as the times it was fitted
+        to allow at that confidence. Hill's estimate of ``1 / index`` from ``top`` times has a relative standard
+        error of ``1 / sqrt(top)``; a tail given, not fitted, is returned as it is.
+
+        Example:
+            >>> round(Tail(index=3.0, threshold_s=0.1, share=0.25, top=100).heavier(2.0).index, 2)  # 3 / 1.2
+            2.5
+        """
+        if not (math.isfinite(standard_errors) and standard_errors >= 0):
+            raise ValueError(f"standard_errors must be a finite number >= 0, got {standard_errors!r}")
+        if self.top is None:
+            return self
+        return replace(self, index=self.index / (1.0 + standard_errors / math.sqrt(self.top)))
 
     def excess_s(self, cover_s: float) -> float:
         """The expected part of one time beyond ``cover_s`` seconds, ``E[max(0, X - cover_s)]``, from the tail
@@ -95,7 +112,7 @@ def fit_tail(times_s: Sequence[float], *, top_share: float = TOP_SHARE, min_top:
     spread = math.fsum(math.log(t / threshold) for t in longest[:top])
     if spread <= 0 or top / spread <= 1.0:
         return None
-    return Tail(index=top / spread, threshold_s=threshold, share=top / n)
+    return Tail(index=top / spread, threshold_s=threshold, share=top / n, top=top)
 
 
 def tail_wait(tail: Tail, *, batches_in_flight: int, period_s: float) -> float:

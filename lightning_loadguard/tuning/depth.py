@@ -3,7 +3,8 @@ the depth alone where the loader cannot be restarted to probe (an iterable datas
 
 A window holds a few dozen reads, an epoch thousands: with a heavy tail, the longest of thousands is many times the
 longest of a few dozen, and the buffer that covers it is sized from the tail fitted to every production time measured
-(:mod:`lightning_loadguard.model.tail`), never to hide a deficit. Plain Python.
+(:mod:`lightning_loadguard.model.tail`) at its index's lower bound (:data:`TAIL_ERRORS`), never to hide a deficit.
+Plain Python.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ TAIL_CPU_SHARE = 0.5
 """The tail's depth is for workers that mostly wait (on reads) while busy: below this share of a core. Workers that
 compute would, with more batches in flight, all compute at once at an epoch's start and take the cores from the
 batches the loop needs first (benchmarks/RESULTS.md, "What changed": the sweep without this gate)."""
+
+
+TAIL_ERRORS = 2.0
+"""The buffer is sized for the tail at its index's lower bound, this many standard errors heavier than fitted
+(:meth:`~lightning_loadguard.model.tail.Tail.heavier`; two, as every comparison of the tuner reads noise). The
+wait beyond a cover of many reads grows with the tail's heaviness by a power a fit to a few dozen of the longest
+reads cannot pin (a tail of index 3.2 read as 3.7 leaves four times the wait at a cover 12 times its scale), and
+the two errors are not alike: too shallow a buffer stalls the loop each time the tail comes, too deep a one holds
+a few batches more of memory, within the host's budget."""
 
 
 def epoch_tail(chosen: Arm, arms: Iterable[Arm]) -> Tail | None:
@@ -52,6 +62,7 @@ def tail_deepened(
     deepest = budget.deepest_prefetch(setting.num_workers, options.max_prefetch, pin_memory=setting.pin_memory)
     if deepest <= setting.prefetch:
         return setting, ""
+    fitted, tail = tail, tail.heavier(TAIL_ERRORS)
     depth = tail_depth(tail, num_workers=setting.num_workers, period_s=1.0 / rate, deepest=deepest)
     if depth <= setting.prefetch:
         return setting, ""
@@ -61,7 +72,8 @@ def tail_deepened(
     ]
     reason = (
         f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail "
-        f"(index {tail.index:.1f}), reads longer than the batches in flight cover would leave the loop "
+        f"(index {tail.index:.1f}: {fitted.index:.1f} fitted to the {fitted.top} longest reads, less "
+        f"{TAIL_ERRORS:g} standard errors), reads longer than the batches in flight cover would leave the loop "
         f"waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} at {depth}), which no window is long "
         "enough to show"
     )
