@@ -1104,13 +1104,53 @@ def test_a_heavy_tailed_read_gets_the_depth_its_tail_asks_for_at_the_chosen_coun
     _, steady = _decide_on_times((0.05,) * 24, 0.02, 100.0, HostBudget(64, "cores"))
     assert steady.verdict == "improved" and "tail" not in steady.reason, steady.table()
     assert any(c.setting.same_loader(steady.setting) for c in steady.candidates)
-    # Your settings kept (nothing read faster): kept as they are, tail or not.
+    # Your settings kept (nothing read faster), their one worker short of the loop (20 batches/s against 100): kept as
+    # they are, since no buffer hides a deficit.
     _, kept = _decide_on_times(heavy, 0.02, 40.0, HostBudget(64, "cores"))
     assert kept.setting.same_loader(kept.original), kept.table()
     # Memory holds 24 batches in flight: the depth stops at the wall.
     walled = HostBudget(64, "cores", max_in_flight=24, memory_bound="host_memory")
     _, at_wall = _decide_on_times(heavy, 0.02, 100.0, walled)
     assert at_wall.setting.batches_in_flight <= 24, at_wall.table()
+
+
+def test_kept_settings_whose_workers_keep_up_get_the_depth_the_reads_tail_asks_for() -> None:
+    # Your 16 workers keep up with a 10 ms step (reads of 50 ms on average: 320 batches/s against 100), so the loop
+    # does not wait in any window and nothing is probed; an epoch of 2,000 steps still meets reads 20 x the mean,
+    # longer than 32 batches in flight cover (320 ms). Your count is kept at the depth the tail asks for; where the
+    # workers compute, or where the reads have no tail, your settings are kept as they are.
+    steps = NOISY.window_steps
+    assert steps is not None
+
+    def decide(production_s: tuple[float, ...], cpu_share: float) -> TuneDecision:
+        planner = Planner(LoaderSettings(16, 2), HostBudget(64, "cores"), NOISY, epoch_steps=2000)
+        proposal: LoaderSettings | None = planner.original
+        while proposal is not None:
+            assert proposal == planner.original  # the loop does not wait: only your settings are measured
+            proposal = planner.record(
+                WindowSnapshot(
+                    wait_s=(0.0,) * steps,
+                    step_s=(0.01,) * steps,
+                    production_s=production_s,
+                    production_cpu_s=tuple(t * cpu_share for t in production_s),
+                    batches_made=steps,
+                )
+            )
+        return planner.decide()
+
+    def true_wait(depth: int) -> float:  # the Pareto's own E[max(0, X - cover)], cover = depth x 16 workers x 10 ms
+        scale, cover = 0.05 * 1.2 / 2.2, depth * 16 * 0.01
+        return scale**2.2 * cover ** (1 - 2.2) / 1.2 / 0.01
+
+    heavy = _pareto_times(2.2, 0.05, 24)
+    deepened = decide(heavy, 0.02)
+    assert deepened.verdict == "compute_bound" and deepened.num_workers == 16, deepened.table()
+    assert deepened.prefetch_factor > 2 and "tail" in deepened.reason and "measured at 2" in deepened.reason
+    assert true_wait(deepened.prefetch_factor) < 0.03 < true_wait(2), deepened.table()
+    computed = decide(heavy, 0.9)
+    assert computed.setting.same_loader(computed.original) and "tail" not in computed.reason, computed.table()
+    steady = decide((0.05,) * 24, 0.02)
+    assert steady.setting.same_loader(steady.original) and "tail" not in steady.reason, steady.table()
 
 
 def test_an_epoch_end_that_leaves_the_planned_candidate_no_room_measures_your_free_settings_again() -> None:

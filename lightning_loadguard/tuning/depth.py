@@ -62,20 +62,20 @@ def tail_deepened(
     deepest = budget.deepest_prefetch(setting.num_workers, options.max_prefetch, pin_memory=setting.pin_memory)
     if deepest <= setting.prefetch:
         return setting, ""
-    fitted, tail = tail, tail.heavier(TAIL_ERRORS)
-    depth = tail_depth(tail, num_workers=setting.num_workers, period_s=1.0 / rate, deepest=deepest)
+    bound = tail.heavier(TAIL_ERRORS)
+    depth = tail_depth(bound, num_workers=setting.num_workers, period_s=1.0 / rate, deepest=deepest)
     if depth <= setting.prefetch:
         return setting, ""
     waits = [
         tail_wait(tail, batches_in_flight=setting.num_workers * d, period_s=1.0 / rate)
         for d in (setting.prefetch, depth)
     ]
+    fitted = f"index {tail.index:.1f}" + (f", fitted to the {tail.top} longest reads" if tail.top else "")
     reason = (
-        f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail "
-        f"(index {tail.index:.1f}: {fitted.index:.1f} fitted to the {fitted.top} longest reads, less "
-        f"{TAIL_ERRORS:g} standard errors), reads longer than the batches in flight cover would leave the loop "
-        f"waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} at {depth}), which no window is long "
-        "enough to show"
+        f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail ({fitted}), "
+        f"reads longer than the batches in flight cover would leave the loop waiting {waits[0]:.1%} of an epoch "
+        f"({waits[1]:.1%} at {depth}), which no window is long enough to show; the depth is sized for the tail "
+        f"{TAIL_ERRORS:g} standard errors heavier (index {bound.index:.1f})"
     )
     return replace(setting, prefetch_factor=depth), reason
 

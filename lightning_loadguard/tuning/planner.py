@@ -360,7 +360,7 @@ class Planner:
         if bounded_by:
             reason += f" (bounded by {bounded_by})"
         setting = chosen.setting
-        tail = epoch_tail(chosen, self.arms.values()) if chosen is not user and "tail_depth" in self.rules else None
+        tail = epoch_tail(chosen, self.arms.values()) if "tail_depth" in self.rules else None
         if tail is not None:
             setting, deepened = tail_deepened(tail, setting, self.budget, self.options, after)
             reason += deepened
