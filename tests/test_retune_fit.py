@@ -47,17 +47,20 @@ class PhasedDataset(Dataset):
 
 
 class HeavyFrom(pl.Callback):
-    """Makes the data phase heavy from the start of ``epoch``; keeps the decision the first epoch ended with, the
-    last decision seen after each count of re-tunes, and the time each step ended (the test's own clock)."""
+    """Makes the data phase heavy from the start of ``epoch`` (``after_decision``: of the first epoch from ``epoch`` on
+    that starts with a decision made, so that a first tuning spanning epochs never measures the heavy phase); keeps
+    the decision the first epoch ended with, the last decision seen after each count of re-tunes, and the time each
+    step ended (the test's own clock)."""
 
-    def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard) -> None:
-        self.dataset, self.epoch, self.guard = dataset, epoch, guard
+    def __init__(self, dataset: PhasedDataset, epoch: int, guard: LoadGuard, *, after_decision: bool = False) -> None:
+        self.dataset, self.epoch, self.guard, self.after_decision = dataset, epoch, guard, after_decision
         self.first_decision: Any = None
         self.by_retunes: dict[int, Any] = {}
         self.ended: list[float] = []
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.current_epoch == self.epoch:
+        decided = self.guard.decision is not None or not self.after_decision
+        if trainer.current_epoch >= self.epoch and decided and not self.dataset.heavy.value:
             self.dataset.heavy.value = 1
 
     def on_train_batch_end(self, *args: Any) -> None:

@@ -3,7 +3,8 @@
 An optional second argument makes LoadGuard's own work fail on rank 1 only: the tuner's at its second window,
 ``window`` (measuring it, before the ranks' gather) or ``record`` (planning, between the gather and the
 broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step. ``retune``
-instead runs test_retune_fit.py's phased data, heavy from epoch 1, for four epochs: the tuner probes again.
+instead runs test_retune_fit.py's phased data, heavy from the first epoch after the decision, for five epochs: the
+tuner probes again.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def main(out: str, fault: str | None = None) -> None:
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
         guard = LoadGuard(print_summary=False, auto_tune=OPTIONS, log_every_n_steps=10)
         module = TimedModule(step_s=STEP_S)
-        heavy = HeavyFrom(dataset, 1, guard)
-        trainer = quiet_trainer(max_epochs=4, callbacks=[guard, heavy], devices=2, strategy="ddp")
+        # A rank's epoch is 60 steps: a first tuning may span into epoch 1, so the heavy phase starts after it.
+        heavy = HeavyFrom(dataset, 1, guard, after_decision=True)
+        trainer = quiet_trainer(max_epochs=5, callbacks=[guard, heavy], devices=2, strategy="ddp")
     else:
         if fault is not None:
             from lightning_loadguard import LoadGuardWarning
