@@ -59,8 +59,12 @@ class HeavyFrom(pl.Callback):
         self.ended: list[float] = []
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        decided = self.guard.decision is not None or not self.after_decision
-        if trainer.current_epoch >= self.epoch and decided and not self.dataset.heavy.value:
+        epoch = trainer.current_epoch
+        if self.after_decision:
+            due = 0 <= self.epoch <= epoch and self.guard.decision is not None and not self.dataset.heavy.value
+        else:
+            due = epoch == self.epoch  # a negative epoch: never
+        if due:
             self.dataset.heavy.value = 1
 
     def on_train_batch_end(self, *args: Any) -> None:
