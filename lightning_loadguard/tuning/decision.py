@@ -54,10 +54,10 @@ class TuneDecision:
         bounded_by: the budget that limited the choice: ``"cores"``, ``"max_workers"``, ``"host_memory"``,
             ``"shm"``, ``"probe_budget"``, or ``None`` when nothing did.
         verdict: one of ``"improved"``, ``"compute_bound"`` (kept: the loop is not waiting for data),
-            ``"no_gain"`` (kept: nothing measured faster; a kept setting whose workers keep up may still get the
-            depth the reads' heavy tail asks for, ``reason`` says so), ``"model_only"`` (applied from the next epoch
-            without comparing rates: where probing mid-epoch is unsafe, or where no window of the user's settings
-            made a batch and only ``persistent_workers`` changes), ``"not_tuned"``.
+            ``"no_gain"`` (kept: nothing measured faster; either kept setting, where its workers keep up, may still
+            get the depth the reads' heavy tail asks for, ``reason`` says so), ``"model_only"`` (applied from the
+            next epoch without comparing rates: where probing mid-epoch is unsafe, or where no window of the user's
+            settings made a batch and only ``persistent_workers`` changes), ``"not_tuned"``.
         remaining_deficit: share of step throughput still lost to data wait after the choice (0 when the
             loop runs at its compute rate).
         reason: a sentence saying why.

@@ -31,7 +31,7 @@ TAIL_ERRORS = 2.0
 """The buffer is sized for the tail at its index's lower bound, this many standard errors heavier than fitted
 (:meth:`~lightning_loadguard.model.tail.Tail.heavier`; two, as every comparison of the tuner reads noise). The
 wait beyond a cover of many reads grows with the tail's heaviness by a power a fit to a few dozen of the longest
-reads cannot pin (a tail of index 3.2 read as 3.7 leaves four times the wait at a cover 12 times its scale), and
+reads cannot pin (the wait beyond a cover ``c`` times the tail's scale goes as ``c ** (1 - index)``), and
 the two errors are not alike: too shallow a buffer stalls the loop each time the tail comes, too deep a one holds
 a few batches more of memory, within the host's budget."""
 
