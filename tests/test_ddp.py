@@ -21,7 +21,7 @@ from lightning_loadguard.model.diagnosis import STRAGGLER_GAP
 
 def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     script = Path(__file__).with_name("ddp_loadguard_script.py")
-    done = run_program([script, tmp_path], timeout=240, cwd=tmp_path)
+    done = run_program([script, tmp_path], timeout=240, cwd=tmp_path, output=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # Each rank's wait against its own clocks (fetches timed by Lightning's profiler, the loop by the module).
@@ -73,7 +73,9 @@ def test_each_rank_reports_its_own_host_summed_from_every_ranks_loader(
     1 worker x prefetch 2; rank 2 told apart by LOADGUARD_HOST_KEY with 1 worker x prefetch 4. Every rank's
     LoadGuard was built and pickled under a third host's name: each must count the host it runs on."""
     script = Path(__file__).with_name("ddp_hosts_script.py")
-    done = run_program([script, tmp_path], timeout=240, cwd=script.parent, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    done = run_program(
+        [script, tmp_path], timeout=240, cwd=script.parent, env=dict(os.environ, OMP_NUM_THREADS="1"), output=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     batch_bytes = 4 * (8 + 4 * 256)  # 4 samples: an int64 index and 256 float32 features each

@@ -373,7 +373,7 @@ def test_under_ddp_each_rank_trains_on_its_own_part_and_loadguard_gathers_both(
     # Lightning starts the second rank by running the driver again: both find the tests' modules on this path.
     path = os.pathsep.join(filter(None, [str(DDP_SCRIPT.parent), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=path)
-    done = run_program([driver, library, root, out], timeout=150, env=env, cwd=DDP_SCRIPT.parent)
+    done = run_program([driver, library, root, out], timeout=150, env=env, cwd=DDP_SCRIPT.parent, output=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
     made_by = [[json.loads(line) for line in Path(f"{out}.made_by.rank{r}").read_text().splitlines()] for r in (0, 1)]

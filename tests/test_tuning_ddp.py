@@ -25,7 +25,9 @@ def _fit_with_output(tmp_path: Path, mode: str | None = None, timeout: float = 1
     """The script's 2-rank fit (``mode``: its fault or ``retune``): the finished process and each rank's record."""
     out = tmp_path / "ddp"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = run_program([SCRIPT, out, *([mode] if mode else [])], timeout=timeout, env=env, cwd=SCRIPT.parent)
+    proc = run_program(
+        [SCRIPT, out, *([mode] if mode else [])], timeout=timeout, env=env, cwd=SCRIPT.parent, output=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
 
