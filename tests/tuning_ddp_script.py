@@ -3,8 +3,8 @@
 An optional second argument makes LoadGuard's own work fail on rank 1 only: the tuner's at its second window,
 ``window`` (measuring it, before the ranks' gather) or ``record`` (planning, between the gather and the
 broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step. ``retune``
-instead runs test_retune_fit.py's phased data, heavy from the first epoch after the decision, for five epochs: the
-tuner probes again.
+instead runs test_retune_fit.py's phased data, heavy from the first epoch after the decision, for
+:data:`RETUNE_EPOCHS` epochs: the tuner probes again.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,6 +24,13 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
 from lightning_loadguard.tuning.session import TuneOptions
+
+RETUNE_EPOCHS = 8
+"""A rank's epoch is 60 steps; at ``RETUNE_PROBE_SHARE`` a first tuning spans up to two of them, as a re-tune does
+after the heavy phase's three changed windows: the first decision by the end of epoch 1, the heavy phase from epoch
+2 at the latest, a re-tune decided by epoch 5 with time to spare on a busy machine. (At 0.2, test_retune_fit.py's
+share, a tuning may span four epochs: a first decision at the end of epoch 3 left one heavy epoch of five.)"""
+RETUNE_PROBE_SHARE = 0.4
 
 
 def _fail_on_rank_1(fault: str) -> None:
@@ -58,11 +66,11 @@ def main(out: str, fault: str | None = None) -> None:
 
         dataset = PhasedDataset()
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1)
-        guard = LoadGuard(print_summary=False, auto_tune=OPTIONS, log_every_n_steps=10)
+        options = replace(OPTIONS, probe_share=RETUNE_PROBE_SHARE)
+        guard = LoadGuard(print_summary=False, auto_tune=options, log_every_n_steps=10)
         module = TimedModule(step_s=STEP_S)
-        # A rank's epoch is 60 steps: a first tuning may span into epoch 1, so the heavy phase starts after it.
         heavy = HeavyFrom(dataset, 1, guard, after_decision=True)
-        trainer = quiet_trainer(max_epochs=5, callbacks=[guard, heavy], devices=2, strategy="ddp")
+        trainer = quiet_trainer(max_epochs=RETUNE_EPOCHS, callbacks=[guard, heavy], devices=2, strategy="ddp")
     else:
         if fault is not None:
             from lightning_loadguard import LoadGuardWarning
