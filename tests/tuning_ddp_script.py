@@ -29,7 +29,7 @@ RETUNE_EPOCHS = 8
 """A rank's epoch is 60 steps; at ``RETUNE_PROBE_SHARE`` a first tuning spans up to two of them, as a re-tune does
 after the heavy phase's three changed windows: the first decision by the end of epoch 1, the heavy phase from epoch
 2 at the latest, a re-tune decided by epoch 5 with time to spare on a busy machine. (At 0.2, test_retune_fit.py's
-share, a tuning may span four epochs: a first decision at the end of epoch 3 left one heavy epoch of five.)"""
+share, a tuning may span four epochs, a re-tune as many: five epochs left the heavy phase too few for both.)"""
 RETUNE_PROBE_SHARE = 0.4
 
 
