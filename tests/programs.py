@@ -67,11 +67,12 @@ def run_program(
     environment = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     kept = set(output.iterdir()) if output is not None else set()
     done = _run_once(command, timeout, cwd, environment)
-    if isinstance(done, _Hang) and output is not None and done.in_fork():
+    in_fork = done.in_fork() if isinstance(done, _Hang) else []
+    if in_fork and output is not None:
         for path in set(output.iterdir()) - kept:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         warnings.warn(
-            f"{' '.join(command[1:])}: process {', '.join(map(str, done.in_fork()))} never left os.fork() in "
+            f"{' '.join(command[1:])}: process {', '.join(map(str, in_fork))} never left os.fork() in "
             f"{timeout:.0f} s; ran once more. Where each process's threads were:\n{_where(done.dumped)}",
             stacklevel=2,
         )
