@@ -792,6 +792,57 @@ def test_of_settings_alike_within_the_noise_the_one_with_most_batches_in_flight_
     assert steady.setting.same_loader(fastest) and "batches in flight" not in steady.reason, steady.table()
 
 
+def _sharing(workers: int, cores: int, cpu_s: float, read_rate: float, steps: int = 24) -> WindowSnapshot:
+    """A window of ``workers`` making batches of ``cpu_s`` CPU-seconds on ``cores`` shared cores (each batch waits its
+    share of the time for a core), the loop reading ``read_rate`` steps/s (what a window shorter than the workers'
+    round may read), waiting for all but its 1 ms steps."""
+    busy = max(1.0, workers / cores) * cpu_s
+    return WindowSnapshot(
+        wait_s=(1.0 / read_rate - 0.001,) * steps,
+        step_s=(0.001,) * steps,
+        settings=LoaderSettings(workers),
+        host=HostFacts(cpu_count=cores),
+        production_s=(busy,) * steps,
+        production_cpu_s=(cpu_s,) * steps,
+        production_queued_s=(busy - cpu_s,) * steps,
+        batches_made=steps,
+    )
+
+
+def test_no_arm_reads_faster_than_the_hosts_cores_make_its_batches() -> None:
+    # 4 cores make 40 batches/s at 0.1 CPU-seconds a batch, whatever the count; windows read each count's workers
+    # finishing a batch every 0.1 s (the phase of their rounds, not their rate), past 40 steps/s where they outnumber
+    # the cores. Every arm is rated at most 40, and so is the decision.
+    cores, cpu_s = 4, 0.1
+    planner = Planner(LoaderSettings(1, 2), HostBudget(64, "cores"), FAST, epoch_steps=2000)
+    proposal: LoaderSettings | None = planner.original
+    while proposal is not None:
+        w = proposal.num_workers
+        proposal = planner.record(_sharing(w, cores, cpu_s, read_rate=max(1, w) / cpu_s))
+    assert any(a.window.sustained_rate > 1.5 * cores / cpu_s for a in planner.arms.values())  # the windows' reading
+    assert all(a.rate <= cores / cpu_s * (1 + 1e-9) for a in planner.arms.values())
+    decision = planner.decide()
+    assert decision.throughput_after is not None and decision.throughput_after <= cores / cpu_s * (1 + 1e-9)
+    # The bound reads what the batches cost: where no CPU time was sampled, the window's own reading stands.
+    unsampled = replace(_sharing(16, cores, cpu_s, read_rate=160.0), production_cpu_s=())
+    assert Arm(LoaderSettings(16), unsampled, 1, cores_bound=True).rate == pytest.approx(160.0)
+
+
+def test_computing_workers_past_the_cores_are_rated_over_the_epoch_their_first_batches_included() -> None:
+    # 16 computing workers on 4 cores take 0.4 s a batch, all starting each epoch at once: over a 40-step epoch at
+    # 40 steps/s (1 s), the loop waits 0.4 s for the first batch: 40 steps in 1.4 s.
+    past = Arm(LoaderSettings(16), _sharing(16, 4, 0.1, read_rate=40.0), 1, epoch_steps=40)
+    assert past.rate == pytest.approx(40 / 1.4)
+    # Not where the workers fit the cores (their first batch takes as long at any count), nor where they wait on
+    # I/O (their batches do not share the cores), nor without the epoch's length.
+    within = Arm(LoaderSettings(4), _sharing(4, 4, 0.1, read_rate=40.0), 1, epoch_steps=40)
+    reading = _sharing(16, 4, 0.1, read_rate=40.0)
+    waiting = replace(reading, production_cpu_s=(0.01,) * reading.steps, production_queued_s=())
+    assert within.rate == pytest.approx(40.0)
+    assert Arm(LoaderSettings(16), waiting, 1, epoch_steps=40).rate == pytest.approx(40.0)
+    assert Arm(LoaderSettings(16), reading, 1).rate == pytest.approx(40.0)
+
+
 def test_two_windows_joined_are_one_window_of_both() -> None:
     nan = math.nan
     first = WindowSnapshot(

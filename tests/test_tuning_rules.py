@@ -22,6 +22,8 @@ from lightning_loadguard.tuning.planner import RULES
 PAYS = {
     "bisect": 64,  # bursty: 0.92 -> 0.66
     "contest": 804,  # io_bound: 1.00 -> 0.42
+    "cores_bound": 601,  # cpu_bound: 0.96 -> 0.82
+    "epoch_start": 631,  # cpu_bound: 0.98 -> 0.75
     "estimate": 637,  # cpu_bound: 0.97 -> 0.05
     "halve": 427,  # cpu_bound: 1.10x the rate of the choice without it
     "main_process": 185,  # handover_bound: 1.00 -> 0.77

@@ -1,8 +1,9 @@
 """A setting measured (an *arm*) and the one comparison every decision of the tuner makes.
 
 An arm's windows, joined, give a sustained rate and its relative standard error (from the spread of their blocks'
-rates, :mod:`lightning_loadguard.model.noise`); :func:`beats` compares two arms by a margin and the noise of their
-difference; :func:`winnable` is the share of the loop's time a faster loader could still win back. The planner,
+rates, :mod:`lightning_loadguard.model.noise`), the rate bounded by what the host's cores can make and rated over an
+epoch where its computing workers outnumber the cores; :func:`beats` compares two arms by a margin and the noise of
+their difference; :func:`winnable` is the share of the loop's time a faster loader could still win back. The planner,
 its search and the decision watch all read arms through these. Plain Python.
 """
 
@@ -20,6 +21,10 @@ from lightning_loadguard.model.noise import BLOCK_STEPS, RESOLUTION, block_rates
 PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
+COMPUTING = 0.5
+"""Share of a core a worker needs while busy from which its batches compete for the cores: past the cores, such
+workers share them, and a batch takes longer the more workers there are."""
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -35,10 +40,49 @@ class Arm:
     setting: LoaderSettings
     window: WindowSnapshot
     windows: int
+    cores_bound: bool = False
+    """The rate is at most what the host's cores can make: :meth:`WindowSnapshot.batch_cpu_s` a batch on
+    :attr:`HostFacts.cores_per_process` cores. A window shorter than the workers' round reads the round's phase, not
+    their rate, and many computing workers' round is long."""
+    epoch_steps: int | None = None
+    """Steps in an epoch, where the rate counts each epoch's first batch: computing workers that outnumber the
+    cores start every epoch making their first batches at once, on shared cores, and the loop waits one production
+    time at that count (which grows with the count) that no window inside an epoch sees."""
 
     @property
     def rate(self) -> float:
-        return self.window.sustained_rate
+        """Steps per second the setting sustains (:attr:`WindowSnapshot.sustained_rate`), at most what the cores
+        can make (:attr:`cores_bound`), over an epoch where its computing workers outnumber the cores
+        (:attr:`epoch_steps`).
+
+        Example:
+            Eight workers on 4 cores, 0.1 CPU-seconds a batch (0.2 s each, half of it queued for a core), read 60
+            steps/s in a short window; the cores make 40; over a 100-step epoch, each starting with a 0.2 s batch, 37:
+
+            >>> from dataclasses import replace
+            >>> from lightning_loadguard.meters.window import HostFacts
+            >>> w = WindowSnapshot(wait_s=(0.0,) * 12, step_s=(1 / 60,) * 12, settings=LoaderSettings(8),
+            ...     host=HostFacts(cpu_count=4), production_s=(0.2,) * 12, production_cpu_s=(0.1,) * 12,
+            ...     production_queued_s=(0.1,) * 12)
+            >>> read = Arm(LoaderSettings(8), w, 1)
+            >>> bound = replace(read, cores_bound=True)
+            >>> [round(a.rate) for a in (read, bound, replace(bound, epoch_steps=100))]
+            [60, 40, 37]
+        """
+        w = self.window
+        rate = w.sustained_rate
+        workers = self.setting.num_workers
+        if workers == 0 or rate <= 0:
+            return rate
+        cores = w.host.cores_per_process
+        cpu = w.batch_cpu_s
+        if self.cores_bound and cpu:
+            rate = min(rate, cores / cpu)
+        share = w.cpu_share
+        first = w.mean_production_s
+        if self.epoch_steps and workers > cores and share is not None and share >= COMPUTING and first:
+            rate = 1.0 / (1.0 / rate + first / self.epoch_steps)
+        return rate
 
     @property
     def error(self) -> float:
@@ -58,7 +102,7 @@ class Arms(dict[LoaderSettings, Arm]):
     """Every setting measured and its arm, kept as windows arrive, with the one settling rule: a window that a
     later one of the same run (no restart between) beats beyond the noise had not settled after the restart, and
     is set aside (``settle``: the rule is followed). A setting measured again after a restart joins its earlier
-    arm.
+    arm. Every arm is rated alike (:attr:`Arm.cores_bound`, :attr:`Arm.epoch_steps`).
 
     Example:
         >>> arms, s = Arms(settle=True), LoaderSettings(2, 2)
@@ -71,9 +115,11 @@ class Arms(dict[LoaderSettings, Arm]):
         ('', 2)
     """
 
-    def __init__(self, *, settle: bool) -> None:
+    def __init__(self, *, settle: bool, cores_bound: bool = False, epoch_steps: int | None = None) -> None:
         super().__init__()
         self.settle = settle
+        self.cores_bound = cores_bound
+        self.epoch_steps = epoch_steps
         self._since_restart: Arm | None = None  # the current setting's windows since its last restart
         self._before_restart: dict[LoaderSettings, Arm | None] = {}
 
@@ -84,9 +130,9 @@ class Arms(dict[LoaderSettings, Arm]):
         run = self._since_restart if continuing and self._since_restart is not None else None
         if run is None:
             self._before_restart[setting] = self.get(setting)
-            run = Arm(setting, window, 1)
+            run = self._arm(setting, window, 1)
         else:
-            latest = Arm(setting, window, 1)
+            latest = self._arm(setting, window, 1)
             if self.settle and beats(latest, run, 0.0):
                 g, noise = gain(latest, run)
                 note = (
@@ -95,13 +141,18 @@ class Arms(dict[LoaderSettings, Arm]):
                 )
                 run = latest
             else:
-                run = Arm(setting, run.window.joined(window), run.windows + 1)
+                run = self._arm(setting, run.window.joined(window), run.windows + 1)
         self._since_restart = run
         before = self._before_restart.get(setting)
         self[setting] = (
-            run if before is None else Arm(setting, before.window.joined(run.window), before.windows + run.windows)
+            run
+            if before is None
+            else self._arm(setting, before.window.joined(run.window), before.windows + run.windows)
         )
         return note
+
+    def _arm(self, setting: LoaderSettings, window: WindowSnapshot, windows: int) -> Arm:
+        return Arm(setting, window, windows, cores_bound=self.cores_bound, epoch_steps=self.epoch_steps)
 
     def restart(self) -> None:
         """The window just joined is set aside: the next one starts the current setting's run afresh."""

@@ -46,6 +46,8 @@ RULES = frozenset(
     {
         "recheck",  # a loop that hardly waited is measured again, up to MAX_WINDOWS, before it is compute-bound
         "settle",  # a window a later one of the same run beats beyond the noise is set aside as settling
+        "cores_bound",  # an arm's rate is at most what the host's cores make at its CPU-seconds a batch
+        "epoch_start",  # computing workers past the cores are rated over an epoch, its first batch included
         "no_batch_again",  # a window in which no batch was made, and not read since its start, is measured again
         "estimate",  # the search starts at the model's estimate (else twice the user's count)
         "replay_scan",  # the estimate is raised to the count whose buffer replay absorbs the bursts
@@ -119,7 +121,11 @@ class Planner:
         self.retune = retune
         self.current_note = self._start
         self.results: list[CandidateResult] = []
-        self.arms = Arms(settle="settle" in self.rules)
+        self.arms = Arms(
+            settle="settle" in self.rules,
+            cores_bound="cores_bound" in self.rules,
+            epoch_steps=epoch_steps if "epoch_start" in self.rules else None,
+        )
         self.probe_steps = 0
         self.probe_time_s = 0.0
         self.continuing = False
