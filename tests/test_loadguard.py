@@ -77,12 +77,16 @@ def test_figures_reach_csv_logger_on_lightnings_step_axis(tmp_path: Path, unpace
     assert all(float(r["loadguard/producer_rate"]) > 0 for r in rows if r.get("loadguard/producer_rate"))
 
 
-def _tensorboard_fit(log_dir: Path, dataset: TimedDataset, step_s: float, *others: Any) -> Any:
-    """A fit with LoadGuard (window 10) logging every 5 steps to TensorBoard (and ``others``); its events, read."""
+def _tensorboard_fit(
+    log_dir: Path, dataset: TimedDataset, step_s: float, *others: Any, guard: LoadGuard | None = None
+) -> Any:
+    """A fit with ``guard`` (else LoadGuard, window 10) logging every 5 steps to TensorBoard (and ``others``); its
+    events, read."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tensorboard = TensorBoardLogger(log_dir)
-    trainer = _trainer(LoadGuard(window=10, print_summary=False), logger=[tensorboard, *others], log_every_n_steps=5)
+    guard = guard or LoadGuard(window=10, print_summary=False)
+    trainer = _trainer(guard, logger=[tensorboard, *others], log_every_n_steps=5)
     trainer.fit(TimedModule(step_s=step_s), timed_loader(dataset, batch_size=4))
     events = EventAccumulator(tensorboard.log_dir, size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
@@ -91,12 +95,17 @@ def _tensorboard_fit(log_dir: Path, dataset: TimedDataset, step_s: float, *other
 
 def test_the_diagnosis_text_is_logged_when_it_changes_not_on_every_logging_step(tmp_path: Path) -> None:
     # A steady loop (batches made for free, a 5 ms step): 400 steps, figures logged on Lightning's logging steps
-    # (every 5, thinned on steps this short to keep logging's share of the time small); the verdict settles once.
-    events = _tensorboard_fit(tmp_path, TimedDataset(1600, sample_s=0.0), 0.005)
+    # (every 5, thinned on steps this short to keep logging's share of the time small). On a quiet host the verdict
+    # settles once; beside other work it may move (the host's other work is a finding), each change held over windows
+    # first. Either way the text is logged on the logging step after a change, at most once per change.
+    guard = LoadGuard(window=10, print_summary=False)
+    events = _tensorboard_fit(tmp_path, TimedDataset(1600, sample_s=0.0), 0.005, guard=guard)
     logged = events.Scalars("loadguard/wait_fraction")
     texts = events.Tensors("loadguard/diagnosis/text_summary")
     assert len(logged) >= 10, len(logged)
-    assert 1 <= len(texts) <= 3, [t.step for t in texts]
+    changes = guard._stable.changes
+    assert 1 <= len(texts) <= changes, ([t.step for t in texts], changes)
+    assert len(texts) <= len(logged) // 4, ([t.step for t in texts], len(logged))
 
 
 def test_every_logger_of_the_trainer_gets_the_same_figures_on_the_same_steps(tmp_path: Path) -> None:

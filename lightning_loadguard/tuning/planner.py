@@ -4,8 +4,10 @@ One procedure (docs/tuning.md states it in five sentences):
 
 1. Every setting measured is an *arm*: its windows, joined, give a sustained rate (where a window drew the
    buffer down, the workers' capacity: :attr:`WindowSnapshot.sustained_rate`) and a standard error (from
-   the spread of their blocks' rates); one settling rule holds for every arm, the user's included: a window a
-   later one of the same run beats beyond the noise had not settled after the restart, and is set aside.
+   the spread of their blocks' rates), at most what the host's cores make (:attr:`Arm.cores_bound`) and, where its
+   computing workers outnumber the cores, over an epoch, its first batch included (:attr:`Arm.epoch_steps`); one
+   settling rule holds for every arm, the user's included: a window a later one of the same run beats beyond the
+   noise had not settled after the restart, and is set aside.
 2. The worker count moves by one search, on the rates as measured (:mod:`~lightning_loadguard.tuning.search`):
    from the model's estimate, up while more paid, between the best and a slower count, down where more did not
    pay; at its best count, the depth the buffer replay asks for. Memory and the user's cap clamp every setting.
