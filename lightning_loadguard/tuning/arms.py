@@ -22,8 +22,9 @@ PROFILE_LENGTH = 32
 """Per-batch production and step times (the latest, in order) replayed through the buffer model."""
 
 COMPUTING = 0.5
-"""Share of a core a worker needs while busy from which its batches compete for the cores: past the cores, such
-workers share them, and a batch takes longer the more workers there are."""
+"""Share of a core a worker needs while busy from which it computes rather than waits: past the cores, such workers
+share them, and a batch takes longer the more workers there are (:attr:`Arm.epoch_steps`); below it, the reads'
+tail sets the depth (:func:`~lightning_loadguard.tuning.depth.epoch_tail`)."""
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,9 @@ from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch
 from lightning_loadguard.model.tail import Tail, fit_tail, tail_depth, tail_wait
-from lightning_loadguard.tuning.arms import Arm, profile
+from lightning_loadguard.tuning.arms import COMPUTING, Arm, profile
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
-
-TAIL_CPU_SHARE = 0.5
-"""The tail's depth is for workers that mostly wait (on reads) while busy: below this share of a core. Workers that
-compute would, with more batches in flight, all compute at once at an epoch's start and take the cores from the
-batches the loop needs first (benchmarks/RESULTS.md, "What changed": the sweep without this gate)."""
-
 
 TAIL_ERRORS = 2.0
 """The buffer is sized for the tail at its index's lower bound, this many standard errors heavier than fitted
@@ -39,14 +33,17 @@ a few batches more of memory, within the host's budget."""
 def epoch_tail(chosen: Arm, arms: Iterable[Arm]) -> Tail | None:
     """The tail of every production time measured with workers in ``arms`` (a window holds a few dozen; the tail
     needs all of them), where the ``chosen`` setting's workers keep up in its window and mostly wait while busy
-    (:data:`TAIL_CPU_SHARE`): the buffer it sizes absorbs variation, never a deficit."""
+    (below :data:`~lightning_loadguard.tuning.arms.COMPUTING`): the buffer it sizes absorbs variation, never a
+    deficit. Workers that compute would, with more batches in flight, all compute at once at an epoch's start and
+    take the cores from the batches the loop needs first (benchmarks/RESULTS.md, "What changed": the sweep without
+    this gate)."""
     s, w = chosen.setting, chosen.window
     share = w.cpu_share
     if (
         s.num_workers < 1
         or chosen.rate <= 0
         or share is None
-        or share >= TAIL_CPU_SHARE
+        or share >= COMPUTING
         or not (w.production_s and w.step_s)
         or has_deficit(w.production_s, w.step_s, s.num_workers)
     ):
