@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from lightning_loadguard.meters.settings import LoaderSettings
@@ -50,7 +51,7 @@ class Arm:
     cores start every epoch making their first batches at once, on shared cores, and the loop waits one production
     time at that count (which grows with the count) that no window inside an epoch sees."""
 
-    @property
+    @cached_property
     def rate(self) -> float:
         """Steps per second the setting sustains (:attr:`WindowSnapshot.sustained_rate`), at most what the cores
         can make (:attr:`cores_bound`), over an epoch where its computing workers outnumber the cores
