@@ -17,8 +17,13 @@ CAPACITY_TOLERANCE = 0.05  # relative: the batch's own clock runs from its first
 TOLERANCE_REL = 0.02
 WAIT_TOLERANCE_ABS = 0.002
 
+# Two workers sit between one and four, whose figures come from the same code: slow, so the default run stays lean.
 _CASES = [
-    pytest.param(scenario, id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}")
+    pytest.param(
+        scenario,
+        id=f"{scenario.name}-w{workers}-{'persistent' if persistent else 'fresh'}",
+        marks=[pytest.mark.slow] if workers == 2 else [],
+    )
     for workers in (0, 1, 2, 4)
     for persistent in ((False, True) if workers else (False,))
     for scenario in standard_scenarios(workers, persistent)

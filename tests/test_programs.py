@@ -104,6 +104,7 @@ def test_a_child_that_never_left_fork_runs_the_program_once_more_without_what_th
     assert "_launch" in str(warned[0].message), warned[0].message
 
 
+@pytest.mark.slow  # each waits out its 4 s limit, twice for the first; the case above runs by default
 def test_a_child_that_never_left_fork_twice_fails_with_the_stacks(tmp_path: Path) -> None:
     args, out, attempts = _fork_hangs(tmp_path, hanging=2)
     with pytest.raises(pytest.fail.Exception) as failure, pytest.warns(UserWarning, match="never left"):
@@ -112,6 +113,7 @@ def test_a_child_that_never_left_fork_twice_fails_with_the_stacks(tmp_path: Path
     assert "ran past 4 s" in str(failure.value) and "popen_fork.py" in str(failure.value)
 
 
+@pytest.mark.slow  # each waits out its 4 s limit, twice for the first; the case above runs by default
 def test_without_an_output_directory_a_child_that_never_left_fork_fails_at_once(tmp_path: Path) -> None:
     args, _, attempts = _fork_hangs(tmp_path, hanging=1)
     with pytest.raises(pytest.fail.Exception, match="ran past 4 s"), warnings.catch_warnings():

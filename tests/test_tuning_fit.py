@@ -958,6 +958,7 @@ def tailed_window(session: Any, port: Any, start: Any) -> WindowSnapshot:
     return window_of(setting, steps, production, cpu_share=0.01)
 
 
+@pytest.mark.slow  # the depth itself is test_tuning_core's; this is the fit that applies it
 def test_heavy_tailed_reads_run_at_the_depth_the_tail_asks_for_in_the_untuned_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
