@@ -823,6 +823,10 @@ def test_no_arm_reads_faster_than_the_hosts_cores_make_its_batches() -> None:
     assert all(a.rate <= cores / cpu_s * (1 + 1e-9) for a in planner.arms.values())
     decision = planner.decide()
     assert decision.throughput_after is not None and decision.throughput_after <= cores / cpu_s * (1 + 1e-9)
+    # The table shows each window's reading; a row the bound lowered says what the decision rated it at, and why.
+    for row in decision.candidates:
+        bounded = row.rate is not None and row.rate > cores / cpu_s * 1.01
+        assert ("at most 40.00 (4 cores at 0.1 CPU-s a batch)" in row.note) is bounded, (row, decision.table())
     # The bound reads what the batches cost: where no CPU time was sampled, the window's own reading stands.
     unsampled = replace(_sharing(16, cores, cpu_s, read_rate=160.0), production_cpu_s=())
     assert Arm(LoaderSettings(16), unsampled, 1, cores_bound=True).rate == pytest.approx(160.0)
@@ -833,12 +837,13 @@ def test_computing_workers_past_the_cores_are_rated_over_the_epoch_their_first_b
     # 40 steps/s (1 s), the loop waits 0.4 s for the first batch: 40 steps in 1.4 s.
     past = Arm(LoaderSettings(16), _sharing(16, 4, 0.1, read_rate=40.0), 1, epoch_steps=40)
     assert past.rate == pytest.approx(40 / 1.4)
+    assert past.rating == "; rated 28.57 steps/s: over a 40-step epoch whose first batch takes 0.4 s"  # the table's
     # Not where the workers fit the cores (their first batch takes as long at any count), nor where they wait on
     # I/O (their batches do not share the cores), nor without the epoch's length.
     within = Arm(LoaderSettings(4), _sharing(4, 4, 0.1, read_rate=40.0), 1, epoch_steps=40)
     reading = _sharing(16, 4, 0.1, read_rate=40.0)
     waiting = replace(reading, production_cpu_s=(0.01,) * reading.steps, production_queued_s=())
-    assert within.rate == pytest.approx(40.0)
+    assert within.rate == pytest.approx(40.0) and within.rating == ""
     assert Arm(LoaderSettings(16), waiting, 1, epoch_steps=40).rate == pytest.approx(40.0)
     assert Arm(LoaderSettings(16), reading, 1).rate == pytest.approx(40.0)
 

@@ -71,20 +71,54 @@ class Arm:
             >>> [round(a.rate) for a in (read, bound, replace(bound, epoch_steps=100))]
             [60, 40, 37]
         """
+        return self._rated[0]
+
+    @cached_property
+    def _rated(self) -> tuple[float, float | None, float | None]:
+        """:attr:`rate`, the cores' bound where it lowered the window's reading, and the first batch's time where an
+        epoch's start counts."""
         w = self.window
         rate = w.sustained_rate
         workers = self.setting.num_workers
         if workers == 0 or rate <= 0:
-            return rate
+            return rate, None, None
         cores = w.host.cores_per_process
         cpu = w.batch_cpu_s
-        if self.cores_bound and cpu:
-            rate = min(rate, cores / cpu)
+        bound = cores / cpu if self.cores_bound and cpu else None
+        if bound is not None and bound < rate:
+            rate = bound
+        else:
+            bound = None
         share = w.cpu_share
         first = w.mean_production_s
         if self.epoch_steps and workers > cores and share is not None and share >= COMPUTING and first:
-            rate = 1.0 / (1.0 / rate + first / self.epoch_steps)
-        return rate
+            return 1.0 / (1.0 / rate + first / self.epoch_steps), bound, first
+        return rate, bound, None
+
+    @property
+    def rating(self) -> str:
+        """Why :attr:`rate` is not the window's reading, in the words of the decision's table (``""`` where it is).
+
+        Example:
+            >>> from lightning_loadguard.meters.window import HostFacts
+            >>> w = WindowSnapshot(wait_s=(0.0,) * 12, step_s=(1 / 60,) * 12, settings=LoaderSettings(8),
+            ...     host=HostFacts(cpu_count=4), production_s=(0.2,) * 12, production_cpu_s=(0.1,) * 12)
+            >>> rating = Arm(LoaderSettings(8), w, 1, cores_bound=True, epoch_steps=100).rating
+            >>> rating.split(": ", 1)[0]
+            '; rated 37.04 steps/s'
+            >>> rating.split(": ", 1)[1].split(", ")
+            ['at most 40.00 (4 cores at 0.1 CPU-s a batch)', 'over a 100-step epoch whose first batch takes 0.2 s']
+            >>> Arm(LoaderSettings(8), w, 1).rating  # the window's reading
+            ''
+        """
+        rate, bound, first = self._rated
+        parts = []
+        if bound is not None:
+            cores = self.window.host.cores_per_process
+            parts.append(f"at most {bound:.2f} ({cores:g} cores at {self.window.batch_cpu_s:.3g} CPU-s a batch)")
+        if first is not None:
+            parts.append(f"over a {self.epoch_steps}-step epoch whose first batch takes {first:.3g} s")
+        return f"; rated {rate:.2f} steps/s: " + ", ".join(parts) if parts else ""
 
     @property
     def error(self) -> float:

@@ -225,6 +225,7 @@ class Planner:
             return setting
         if not failed:
             note += self.arms.join(setting, window, continuing=self.continuing)
+            note += self.arms[setting].rating  # the decision reads the arm's rate, not this row's reading
         blank = not failed and not window.measured_a_rate
         if blank:
             note += "; its window made no batch (served from batches made before it)"
