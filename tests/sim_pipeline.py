@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from lightning_loadguard.meters.cpu import CpuUse
 from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 from lightning_loadguard.tuning.decision import TuneDecision
@@ -212,6 +213,10 @@ class Sim:
         self.ready: list[bool | None] = []
         self.queued_s: list[float] = []
         self.step_end: list[float] = []
+        # CPU-seconds received so far by the loop's threads, the workers and other work (the host's other
+        # processes and its background load), and their totals at each step's end: what psutil reads live.
+        self._cpu_used = [0.0, 0.0, 0.0]
+        self.cpu_at_end: list[tuple[float, float, float]] = []
         # per batch made, in completion order
         self.made_at: list[float] = []
         self.made_busy: list[float] = []
@@ -269,7 +274,18 @@ class Sim:
             production_queued_s=tuple(self.made_queued[lo:hi]),
             batch_bytes=p.batch_bytes,
             batches_made=hi - lo,
+            cpu=self._cpu_use(first_step, cpu_count or p.host.cores),
         )
+
+    def _cpu_use(self, first_step: int, cores: int) -> CpuUse | None:
+        """Cores used over the steps from ``first_step`` to the last, as the monitor's CPU meter reads them."""
+        t0 = self.step_end[first_step - 1] if first_step > 0 else 0.0
+        span = self.step_end[-1] - t0
+        if span <= 0:
+            return None
+        start = self.cpu_at_end[first_step - 1] if first_step > 0 else (0.0, 0.0, 0.0)
+        loop, workers, others = (b - a for a, b in zip(start, self.cpu_at_end[-1], strict=True))
+        return CpuUse(span, float(cores), cores, loop / span, workers / span, (loop + workers + others) / span)
 
     # -- the event loop -----------------------------------------------------------------------------------
 
@@ -341,6 +357,10 @@ class Sim:
         dt = t - self.now
         if dt > 0:
             self._vt += share * dt
+            used = self._cpu_used
+            used[0] += self._main_threads * share * dt
+            used[1] += self._workers_on_cpu * share * dt
+            used[2] += (self.p.host.others + self._background) * share * dt
             if main:
                 self._main_left -= self._main_threads * share * dt
             self.now = t
@@ -522,6 +542,7 @@ class Sim:
             self.ready.append(ready)
             self.queued_s.append(queued)
             self.step_end.append(self.now)
+            self.cpu_at_end.append((self._cpu_used[0], self._cpu_used[1], self._cpu_used[2]))
             yield ("pause",)
 
     _worker_ready: list[bool] = []

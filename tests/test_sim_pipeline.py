@@ -152,3 +152,34 @@ def test_on_an_accelerator_pinned_memory_is_probed_with_workers_and_on_the_cpu_n
     # Without an accelerator, never.
     _, _, on_cpu = tune_sim(p, seed=0)
     assert not any(s.pin_memory for s in on_cpu.arms)
+
+
+def test_the_windows_cpu_reading_counts_the_cpu_seconds_the_known_costs_spend() -> None:
+    # The loop makes its batches itself on 4 cores, 10 ms of CPU each, and steps for 2 ms of CPU; one thread of other
+    # work computes throughout, on a core of its own (the host is never oversubscribed).
+    alone = SimPipeline(
+        "in_process", "cpu_bound", Host(cores=4, others=1.0), cpu=Cost(0.010), step_cpu_s=0.002, device_s=0.005
+    )
+    sim = Sim(alone, LoaderSettings(0))
+    sim.run(20)
+    mark = sim.consumed
+    sim.run(100)
+    use = sim.window(mark).cpu
+    assert use is not None and use.usable_cores == 4
+    assert use.loop_cores * use.window_s == pytest.approx(100 * (0.010 + 0.002))
+    assert use.worker_cores == 0 and use.other_cores == pytest.approx(1.0)
+    # Four workers at 20 ms of CPU a batch on 2 cores beside two threads of other work: every core busy throughout,
+    # the workers' CPU the batches they made in the window (give or take the four in progress at its edges).
+    crowded = SimPipeline(
+        "crowded", "cpu_bound", Host(cores=2, others=2.0), cpu=Cost(0.020), step_cpu_s=0.0005, device_s=0.002
+    )
+    sim = Sim(crowded, LoaderSettings(4, 2))
+    sim.run(20)
+    mark = sim.consumed
+    sim.run(100)
+    window = sim.window(mark)
+    use = window.cpu
+    assert use is not None and use.busy_cores == pytest.approx(2.0)
+    assert window.batches_made is not None
+    assert use.worker_cores * use.window_s == pytest.approx(window.batches_made * 0.020, abs=4 * 0.020)
+    assert 0.5 < use.other_cores < 2.0  # the other work's share of two cores among its two threads and the rest
