@@ -216,7 +216,7 @@ class Sim:
         # CPU-seconds received so far by the loop's threads, the workers and other work (the host's other
         # processes and its background load), and their totals at each step's end: what psutil reads live.
         self._cpu_used = [0.0, 0.0, 0.0]
-        self.cpu_at_end: list[tuple[float, float, float]] = []
+        self.cpu_at_end: list[tuple[float, ...]] = []
         # per batch made, in completion order
         self.made_at: list[float] = []
         self.made_busy: list[float] = []
@@ -274,12 +274,12 @@ class Sim:
             production_queued_s=tuple(self.made_queued[lo:hi]),
             batch_bytes=p.batch_bytes,
             batches_made=hi - lo,
-            cpu=self._cpu_use(first_step, cpu_count or p.host.cores),
+            cpu=self._cpu_use(first_step, t0, cpu_count or p.host.cores),
         )
 
-    def _cpu_use(self, first_step: int, cores: int) -> CpuUse | None:
-        """Cores used over the steps from ``first_step`` to the last, as the monitor's CPU meter reads them."""
-        t0 = self.step_end[first_step - 1] if first_step > 0 else 0.0
+    def _cpu_use(self, first_step: int, t0: float, cores: int) -> CpuUse | None:
+        """Cores used over the steps from ``first_step`` (whose window starts at ``t0``) to the last, as the monitor's
+        CPU meter reads them."""
         span = self.step_end[-1] - t0
         if span <= 0:
             return None
@@ -542,7 +542,7 @@ class Sim:
             self.ready.append(ready)
             self.queued_s.append(queued)
             self.step_end.append(self.now)
-            self.cpu_at_end.append((self._cpu_used[0], self._cpu_used[1], self._cpu_used[2]))
+            self.cpu_at_end.append(tuple(self._cpu_used))
             yield ("pause",)
 
     _worker_ready: list[bool] = []
