@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_loadguard.meters.cpu import (
+    MIN_WINDOW_S,
     CpuSampler,
     CpuUse,
     affinity_cpus,
@@ -18,6 +19,7 @@ from lightning_loadguard.meters.cpu import (
     usable_cores,
     usable_cpu_count,
 )
+from lightning_loadguard.meters.monitor import LoaderMonitor
 from lightning_loadguard.meters.ranks import figure_row, figures_by_name, rank_figures, summarise
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot
 
@@ -222,3 +224,26 @@ def test_the_cpu_and_host_meters_leave_a_mocked_monotonic_clock_alone(monkeypatc
     sampler.sample(min_window_s=0.0)
     host_facts(max_age_s=0.0)
     assert calls == []
+
+
+def _spin(seconds: float) -> float:
+    """Spin this thread for ``seconds`` of CPU time; the CPU time spent, by the process's own clock."""
+    start = time.process_time()
+    while time.process_time() < start + seconds:
+        pass
+    return time.process_time() - start
+
+
+def test_a_window_since_a_mark_reads_the_cores_used_since_the_mark_not_the_logged_window() -> None:
+    monitor = LoaderMonitor(window=8)
+    monitor.sample_cpu()
+    time.sleep(MIN_WINDOW_S + 0.1)
+    logged = monitor.snapshot().cpu  # the rolling window: the loop slept through it
+    assert logged is not None and logged.loop_cores * logged.window_s < 0.1
+    mark = monitor.mark()
+    spent = _spin(MIN_WINDOW_S + 0.1)
+    since = monitor.snapshot(since=mark).cpu
+    assert since is not None and since is not logged
+    assert since.loop_cores * since.window_s == pytest.approx(spent, abs=0.05)
+    # A window too short for the kernel's ticks carries the logged window's reading instead.
+    assert monitor.snapshot(since=monitor.mark()).cpu is logged

@@ -161,6 +161,23 @@ def whole_cores(cores: float) -> int:
 
 
 @dataclass(frozen=True)
+class CpuReading:
+    """CPU seconds spent up to one moment (:meth:`CpuSampler.read`): two readings give the cores used between them.
+
+    Attributes:
+        at: the monotonic clock's time of the reading.
+        own_s: the training process's threads.
+        workers_s: its loader workers, live and reaped.
+        busy_s: every CPU of its affinity mask, not idle (``None`` where the system's times cannot be read).
+    """
+
+    at: float
+    own_s: float
+    workers_s: float
+    busy_s: float | None
+
+
+@dataclass(frozen=True)
 class CpuUse:
     """Cores in use over one window (CPU seconds per second of wall time).
 
@@ -255,7 +272,7 @@ class CpuSampler:
         self._process = psutil.Process()
         self._cpus = affinity_cpus()
         self._usable = usable_cores(cgroup_root, proc_cgroup)
-        self._last: tuple[float, float, float, float | None] | None = None
+        self._last: CpuReading | None = None
         self._worker_pids = worker_pids
         self._workers: dict[int, psutil.Process] = {}
 
@@ -284,7 +301,8 @@ class CpuSampler:
                     continue
         return list(known.values())
 
-    def _read(self) -> tuple[float, float, float, float | None]:
+    def read(self) -> CpuReading:
+        """The CPU seconds spent so far (raises ``psutil.Error`` or ``OSError`` where ``/proc`` cannot be read)."""
         times = self._process.cpu_times()
         own = times.user + times.system
         # Children that ended were reaped by this process: their time is in its children's totals.
@@ -295,32 +313,45 @@ class CpuSampler:
             except psutil.Error:
                 continue  # exited since the listing: counted with the reaped children once reaped
             workers += child_times.user + child_times.system
-        return _monotonic(), own, workers, _busy_seconds(self._cpus)
+        return CpuReading(_monotonic(), own, workers, _busy_seconds(self._cpus))
+
+    def use_between(self, start: CpuReading, end: CpuReading, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
+        """The cores used from ``start`` to ``end`` (``None`` where they lie under ``min_window_s`` apart).
+
+        Example:
+            >>> sampler = CpuSampler()
+            >>> start = sampler.read()
+            >>> _ = sum(i * i for i in range(100_000))
+            >>> use = sampler.use_between(start, sampler.read(), min_window_s=0.0)
+            >>> use is not None and use.loop_cores >= 0
+            True
+        """
+        seconds = end.at - start.at
+        if seconds < min_window_s or seconds <= 0:
+            return None
+        busy = None if end.busy_s is None or start.busy_s is None else max(0.0, end.busy_s - start.busy_s) / seconds
+        return CpuUse(
+            window_s=seconds,
+            usable_cores=self._usable,
+            host_cores=len(self._cpus),
+            loop_cores=max(0.0, end.own_s - start.own_s) / seconds,
+            worker_cores=max(0.0, end.workers_s - start.workers_s) / seconds,
+            busy_cores=busy,
+        )
 
     def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used since the previous sample, or ``None`` on the first call, when fewer than
         ``min_window_s`` seconds have passed (the window goes on), or when ``/proc`` cannot be read."""
         last = self._last
-        if last is not None and _monotonic() - last[0] < min_window_s:
+        if last is not None and _monotonic() - last.at < min_window_s:
             # Checked before reading: listing the workers reads /proc for every process on the host.
             return None
         try:
-            now = self._read()
+            now = self.read()
         except (psutil.Error, OSError):
             return None
         last = self._last
-        if last is not None and now[0] - last[0] < min_window_s:
+        if last is not None and now.at - last.at < min_window_s:
             return None
         self._last = now
-        if last is None:
-            return None
-        seconds = now[0] - last[0]
-        busy = None if now[3] is None or last[3] is None else max(0.0, now[3] - last[3]) / seconds
-        return CpuUse(
-            window_s=seconds,
-            usable_cores=self._usable,
-            host_cores=len(self._cpus),
-            loop_cores=max(0.0, now[1] - last[1]) / seconds,
-            worker_cores=max(0.0, now[2] - last[2]) / seconds,
-            busy_cores=busy,
-        )
+        return None if last is None else self.use_between(last, now, min_window_s)

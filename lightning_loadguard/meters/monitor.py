@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import psutil
+
 from lightning_loadguard.meters.consumer import ConsumerMeter
-from lightning_loadguard.meters.cpu import CpuSampler, CpuUse
+from lightning_loadguard.meters.cpu import CpuReading, CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
 from lightning_loadguard.meters.host import MEMORY_REREAD_S, batch_layout, host_facts, sharing_strategy
 from lightning_loadguard.meters.loader_probe import LoaderProbe, instrument, restore
@@ -51,13 +53,14 @@ a step, with the kernel's caches cold from the step, costs several microseconds,
 
 @dataclass(frozen=True)
 class WindowMark:
-    """Where a window began: the time, the steps completed, the batches made by then and the batches the
-    producer meter's window had taken in by then."""
+    """Where a window began: the time, the steps completed, the batches made by then, the batches the
+    producer meter's window had taken in by then, and the CPU seconds spent by then (``None`` where unread)."""
 
     at: float
     steps: int
     batches: int
     entered: int
+    cpu: CpuReading | None = None
 
 
 def not_one_loader(loaders: list[Any]) -> str:
@@ -292,6 +295,16 @@ class LoaderMonitor:
         """Read the host's CPU use (at the start of fit, and with each rolling snapshot)."""
         self._cpu_use = self._guarded(_CPU, self._cpu.sample) or self._cpu_use
 
+    def _cpu_reading(self) -> CpuReading | None:
+        return self._guarded(_CPU, _read_or_none, self._cpu)
+
+    def _cpu_since(self, start: CpuReading | None) -> CpuUse | None:
+        """The cores used since ``start``, where it was read and lies ``MIN_WINDOW_S`` back or more."""
+        if start is None:
+            return None
+        end = self._cpu_reading()
+        return None if end is None else self._guarded(_CPU, self._cpu.use_between, start, end)
+
     def _device_records(self) -> list[DeviceStep]:
         self._device(DeviceTimeline.poll)
         return self._timeline.records() if self._timeline is not None else []
@@ -302,13 +315,20 @@ class LoaderMonitor:
         """The start of a window for :meth:`snapshot` ``(since=...)``."""
         producer = self._producer
         producer.poll()
-        return WindowMark(time.perf_counter(), self._consumer.total_steps, producer.total_batches, producer.entered)
+        return WindowMark(
+            time.perf_counter(),
+            self._consumer.total_steps,
+            producer.total_batches,
+            producer.entered,
+            self._cpu_reading(),
+        )
 
     def snapshot(self, since: WindowMark | None = None) -> WindowSnapshot:
         """This process's measurements: over the rolling window, or over the steps completed since ``since``.
 
         With ``since`` the producer's figures are the batches made since then (``batches_made`` counts them),
-        so a buffer that drains during the window does not pass for production.
+        so a buffer that drains during the window does not pass for production, and the cores used are those
+        since then (where it lies ``MIN_WINDOW_S`` back or more, else the latest rolling window's).
         """
         producer = self._producer
         producer.poll()
@@ -324,9 +344,11 @@ class LoaderMonitor:
             keep = len(durations) - min(len(durations), max(0, producer.entered - since.entered))
             durations, cpu, queued = durations[keep:], cpu[keep:], queued[keep:]
         device = self._device_records()
+        cpu_use = None
         if since is None:
             self.sample_cpu()
         else:
+            cpu_use = self._cpu_since(since.cpu)
             # The device's steps are read a step or two behind the host's; with under half of them the window
             # stays on the host's clock.
             device = device[-count:] if count else []
@@ -358,7 +380,7 @@ class LoaderMonitor:
             device_data_idle_s=tuple(r.data_idle_s for r in device),
             device_loop_idle_s=tuple(r.loop_idle_s for r in device),
             device_copy_s=tuple(r.copy_s for r in device),
-            cpu=self._cpu_use,
+            cpu=cpu_use or self._cpu_use,
             accelerator=self.accelerator,
         )
 
@@ -428,3 +450,10 @@ def _unguarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
 def _ran(call: Callable[[DeviceTimeline], Any], timeline: DeviceTimeline) -> bool:
     call(timeline)
     return True
+
+
+def _read_or_none(sampler: CpuSampler) -> CpuReading | None:
+    try:
+        return sampler.read()
+    except (psutil.Error, OSError):
+        return None  # /proc unreadable now: this window has no reading of its own
