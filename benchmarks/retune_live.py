@@ -6,7 +6,9 @@ on a quiet host; from epoch ``--busy-from`` on, ``--spinners`` processes spin on
 twice, side by side in alternating rounds: with ``TuneOptions(retune=True)`` (the default) and with
 ``retune=False`` (the decision of the quiet host, kept). The table prints, per run, the first decision, the
 re-tunes with their reason, the final setting, and the steps/s of the busy epochs after the re-tune's epoch, on the
-benchmark's own clock.
+benchmark's own clock. A second table prints what the decision's watch read of other work's cores, per epoch
+(median and range over its windows), beside what the decision read: with ``--spinners 0`` and another job beside
+it, how far a shared host's other work swings.
 
 Usage::
 
@@ -31,6 +33,7 @@ from pipelines import quiet_trainer
 from lightning_loadguard import LoadGuard, TuneOptions
 from lightning_loadguard._lightning import pl
 from lightning_loadguard.synthetic import TimedDataset, TimedModule, timed_loader
+from lightning_loadguard.tuning import watch as watch_module
 
 
 def _spin(stop: Any) -> None:
@@ -48,8 +51,11 @@ class BusyFrom(pl.Callback):
         self.rates: list[float] = []
         self._stop = multiprocessing.get_context("fork").Event()
         self._procs: list[Any] = []
+        self.watched: WatchedCores | None = None
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.watched is not None:
+            self.watched.epoch = trainer.current_epoch
         if trainer.current_epoch == self.epoch:
             ctx = multiprocessing.get_context("fork")
             self._procs = [ctx.Process(target=_spin, args=(self._stop,), daemon=True) for _ in range(self.spinners)]
@@ -71,16 +77,47 @@ class BusyFrom(pl.Callback):
             p.join(5)
 
 
+class WatchedCores:
+    """Records, while installed, each window the decision's watch reads: the epoch, other work's cores, the share
+    of the usable cores in use, and the window's span on the CPU meter's clock."""
+
+    def __init__(self) -> None:
+        self.windows: list[tuple[int, float, float, float]] = []
+        self.reference: Any = None
+        self.epoch = 0
+        self._record = watch_module.DecisionWatch.record
+
+    def __enter__(self) -> WatchedCores:
+        recorder, record = self, self._record
+
+        def recorded(watch: Any, window: Any) -> Any:
+            use = watch_module.CoresUse.of(window)
+            recorder.reference = watch.reference.cores
+            if use is not None and window.cpu is not None:
+                recorder.windows.append((recorder.epoch, use.other, use.busy_share, window.cpu.window_s))
+            return record(watch, window)
+
+        watch_module.DecisionWatch.record = recorded  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        watch_module.DecisionWatch.record = self._record  # type: ignore[method-assign]
+
+
 def run(retune: bool, args: argparse.Namespace) -> dict[str, Any]:
     pl.seed_everything(0, verbose=False)
     dataset = TimedDataset(args.steps * 4, sample_s=args.sample_ms / 1000, spin=True)
     loader = timed_loader(dataset, batch_size=4, num_workers=1, shuffle=True)
-    options = TuneOptions(retune=retune, tune_persistent_workers=False)
+    options = TuneOptions(
+        retune=retune, tune_persistent_workers=args.tune_persistent, retune_on_other_work=args.other_work
+    )
     guard = LoadGuard(print_summary=False, auto_tune=options, log_every_n_steps=args.log_every)
     busy = BusyFrom(guard, args.busy_from, args.spinners)
     module = TimedModule(step_s=args.step_ms / 1000, record=False)
+    watched = WatchedCores()
+    busy.watched = watched
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), watched:
             warnings.simplefilter("ignore")
             quiet_trainer(max_epochs=args.epochs, callbacks=[guard, busy]).fit(module, loader)
     finally:
@@ -92,6 +129,7 @@ def run(retune: bool, args: argparse.Namespace) -> dict[str, Any]:
         "retunes": decision.retunes if decision is not None else 0,
         "why": decision.retuned if decision is not None else "",
         "rates": busy.rates,
+        "watched": watched,
     }
 
 
@@ -105,6 +143,16 @@ def main() -> None:
     parser.add_argument("--sample-ms", type=float, default=2.0, help="CPU ms each sample spins (4 per batch)")
     parser.add_argument("--step-ms", type=float, default=4.0, help="the step's sleep")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument(
+        "--tune-persistent",
+        action="store_true",
+        help="let the tuner turn persistent workers on (default off: each epoch starts its workers anew)",
+    )
+    parser.add_argument(
+        "--other-work",
+        action="store_true",
+        help="TuneOptions(retune_on_other_work=True): the watch reads other work's cores too",
+    )
     args = parser.parse_args()
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     for _ in range(args.rounds):
@@ -118,6 +166,7 @@ def main() -> None:
         for k, r in enumerate(rows):
             busy = statistics.fmean(r["rates"][settled]) if r["rates"][settled] else float("nan")
             print(f"{retune!s:<7} {k:>5} {r['first']:<24} {r['final']:<24} {r['retunes']:>7} {busy:>12.1f}  {r['why']}")
+            print(f"{'':<13} steps/s by epoch: {', '.join(f'{x:.1f}' for x in r['rates'])}")
     on = [statistics.fmean(r["rates"][settled]) for r in results[True]]
     off = [statistics.fmean(r["rates"][settled]) for r in results[False]]
     ratios = [a / b for a, b in zip(on, off, strict=True)]
@@ -125,6 +174,22 @@ def main() -> None:
         f"busy epochs, retune=True / retune=False by round: {', '.join(f'{x:.3f}' for x in ratios)}; "
         f"median {statistics.median(ratios):.3f}"
     )
+    print("\nother work's cores the watch read, by epoch: median [min..max] (windows; median share of cores in use)")
+    for retune, rows in results.items():
+        for k, r in enumerate(rows):
+            watched = r["watched"]
+            ref = watched.reference
+            decided = "-" if ref is None else f"{ref.other:.2f} ({ref.busy_share:.0%} in use)"
+            cells = []
+            for epoch in range(args.epochs):
+                w = [x for x in watched.windows if x[0] == epoch]
+                if w:
+                    other = [x[1] for x in w]
+                    cells.append(
+                        f"e{epoch}: {statistics.median(other):.2f} [{min(other):.2f}..{max(other):.2f}] "
+                        f"({len(w)}; {statistics.median(x[2] for x in w):.0%})"
+                    )
+            print(f"{retune!s:<7} {k:>5} decided {decided}; " + "; ".join(cells))
 
 
 if __name__ == "__main__":

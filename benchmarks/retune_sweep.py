@@ -15,6 +15,7 @@ Usage::
     python benchmarks/retune_sweep.py --count 100 --jobs 2 --hold 3
     python benchmarks/retune_sweep.py --log-every 50     # windows cut at a fit's logging steps, as the session does
     python benchmarks/retune_sweep.py --span rest        # re-tune over the rest of the epoch only
+    python benchmarks/retune_sweep.py --host-move 0.25   # TuneOptions(retune_on_other_work=True)
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from sim_retune import PRE_WINDOWS, SPANS, WATCH_WINDOWS, Trial, by_kind, false_
 from sim_sweep import map_seeds
 from workloads import commit
 
+from lightning_loadguard.tuning.watch import HOST_MOVE
+
 _SPAN_WORDS = {
     "session": "where the session re-tunes (the rest of the epoch where it holds five windows, else from the "
     "next epoch spanning as a first tuning)",
@@ -43,8 +46,25 @@ def _or_dash(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
 
-def _one(seed: int, holds: tuple[int, ...], span: str, every: int | None) -> tuple[list[Trial], dict[int, bool]]:
-    return trials(seed, holds, span=span, every=every), false_triggers(seed, holds, every)
+def _one(
+    seed: int, holds: tuple[int, ...], span: str, every: int | None, host_move: float | None
+) -> tuple[list[Trial], dict[int, bool]]:
+    return (
+        trials(seed, holds, span=span, every=every, host_move=host_move),
+        false_triggers(seed, holds, every, host_move),
+    )
+
+
+def _host_move(text: str) -> float | None:
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--host-move must be a share of the usable cores > 0, or 'off', got {text!r}")
+    return value
 
 
 def main() -> None:
@@ -66,11 +86,18 @@ def main() -> None:
         help="cut the watch's windows at the logging steps of a fit that logs every N steps, as the session does "
         "(default: windows of the planner's length back to back)",
     )
+    parser.add_argument(
+        "--host-move",
+        type=_host_move,
+        default=None,
+        help="the watch's trigger on other work's cores (TuneOptions.retune_on_other_work): the share of the usable "
+        f"cores they must move by (the option's: {HOST_MOVE}), or 'off' (the default, as the option's default)",
+    )
     parser.add_argument("--worst", type=int, default=10, help="list this many of the worst re-tuned trials")
     args = parser.parse_args()
     holds = tuple(args.hold)
     started = time.perf_counter()
-    one = partial(_one, holds=holds, span=args.span, every=args.log_every)
+    one = partial(_one, holds=holds, span=args.span, every=args.log_every, host_move=args.host_move)
     results = map_seeds(one, range(args.count), args.jobs)
     all_trials = [t for ts, _ in results for t in ts]
     controls = [c for _, c in results]
@@ -80,6 +107,8 @@ def main() -> None:
         f"after {PRE_WINDOWS} windows, at most {WATCH_WINDOWS} windows read after it and in the control; re-tunes "
         f"{_SPAN_WORDS[args.span]}; "
         + ("windows back to back" if args.log_every is None else f"windows cut at logging steps every {args.log_every}")
+        + "; other work's cores "
+        + ("not read" if args.host_move is None else f"a change where they move {args.host_move} of usable cores")
         + "\n"
     )
     figures = summary(all_trials, controls)

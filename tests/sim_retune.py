@@ -242,10 +242,13 @@ def trials(
     truth_steps: int | None = 600,
     span: str = "session",
     every: int | None = None,
+    host_move: float | None = None,
 ) -> list[Trial]:
     """The trials of pipeline ``seed`` (one per ``hold``, each its own run from the fit's start: the same until
     the watch differs), scored over ``truth_steps`` steady steps (``None``: not scored). ``min_gain``: the
-    watch's, where not the tuner's; ``span`` and ``every``: see :func:`retune` and :func:`_tuned_run`."""
+    watch's, where not the tuner's; ``span`` and ``every``: see :func:`retune` and :func:`_tuned_run`; ``host_move``:
+    the watch's (:class:`~lightning_loadguard.tuning.watch.DecisionWatch`; ``None``, as the session's default
+    ``TuneOptions.retune_on_other_work=False``, reads the data side alone)."""
     p = generate(seed)
     kind, changed = change(p, random.Random(seed * 7919 + 11))
     changed = replace(changed, name=p.name)
@@ -254,13 +257,13 @@ def trials(
         run = _tuned_run(p, seed, every)
         if run is None:
             return []
-        watch = DecisionWatch(run.reference, run.options.min_gain if min_gain is None else min_gain, hold)
+        watch = DecisionWatch(run.reference, run.options.min_gain if min_gain is None else min_gain, hold, host_move)
         early = False
         for _ in range(PRE_WINDOWS):
             first = next(run.windows, None)
             if first is not None and watch.record(first) is not None:
                 early = True
-                watch = DecisionWatch(run.reference, watch.min_gain, hold)
+                watch = DecisionWatch(run.reference, watch.min_gain, hold, host_move)
         run.sim.p = changed
         detected, final, probed, read = None, run.chosen, None, 0
         for count, window in zip(range(1, WATCH_WINDOWS + 1), run.windows, strict=False):
@@ -286,13 +289,15 @@ def trials(
     return [Trial(p, kind, *r, truth(r[1]) / top, truth(r[2]) / top, truth(fresh) / top, best, before) for r in runs]
 
 
-def false_triggers(seed: int, holds: Iterable[int], every: int | None = None) -> dict[int, bool]:
+def false_triggers(
+    seed: int, holds: Iterable[int], every: int | None = None, host_move: float | None = None
+) -> dict[int, bool]:
     """The control: pipeline ``seed`` tuned and run :data:`WATCH_WINDOWS` windows on an unchanged host; for each
     ``hold``, whether a watch reported a change (empty where the pipeline was not tuned or not watched)."""
     run = _tuned_run(generate(seed), seed, every)
     if run is None:
         return {}
-    watches = {h: DecisionWatch(run.reference, run.options.min_gain, h) for h in holds}
+    watches = {h: DecisionWatch(run.reference, run.options.min_gain, h, host_move) for h in holds}
     fired = dict.fromkeys(watches, False)
     for window in islice(run.windows, WATCH_WINDOWS):
         for hold, watch in watches.items():

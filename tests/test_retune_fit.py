@@ -21,7 +21,9 @@ from lightning_loadguard._lightning import pl
 from lightning_loadguard.callback import LoadGuard
 from lightning_loadguard.cli._runs import read_runs
 from lightning_loadguard.synthetic import TimedModule
+from lightning_loadguard.tuning import watch as watch_module
 from lightning_loadguard.tuning.session import TuneOptions
+from lightning_loadguard.tuning.watch import CoresUse
 
 LIGHT_S, HEAVY_S = 0.00025, 0.025  # per sample, slept (I/O): 1 ms and 100 ms a batch of 4, on any host's cores
 STEP_S = 0.01  # 100 steps/s: one worker keeps up with the light phase (1000 batches/s); the heavy one needs ten
@@ -96,6 +98,7 @@ def _fit(
     length: int = LENGTH,
     reload: int = 0,
     said: list[str] | None = None,
+    extra: list[pl.Callback] | None = None,
 ) -> tuple[list[int], LoadGuard, HeavyFrom]:
     """A fit of the phased dataset; ``said`` collects every LoadGuard warning, repeats included."""
     pl.seed_everything(5, verbose=False)
@@ -108,7 +111,7 @@ def _fit(
     trainer = quiet_trainer(
         max_epochs=epochs,
         max_steps=max_steps,
-        callbacks=[guard, clock],
+        callbacks=[guard, clock, *(extra or [])],
         logger=logger,
         reload_dataloaders_every_n_epochs=reload,
     )
@@ -192,6 +195,52 @@ def test_retune_false_decides_once() -> None:
     assert decision.retunes == 0 and decision.retuned == ""
     assert "probed again" not in decision.table()
     assert len(seen) == LENGTH + 50 * BATCH
+
+
+class OtherWorkFrom(pl.Callback):
+    """Other work on the host, as the decision's watch reads it: none until epoch ``epoch`` starts, then
+    ``OTHER_CORES`` on full cores. Keeps each window the watch read, with its CPU reading."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch, self.busy = epoch, False
+        self.windows: list[Any] = []
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.busy = self.busy or trainer.current_epoch >= self.epoch
+
+    def cores_of(self, window: Any) -> CoresUse:
+        self.windows.append(window)
+        return CoresUse(OTHER_CORES, 1.0) if self.busy else CoresUse(0.0, 0.5)
+
+
+OTHER_CORES = 8.0
+
+
+@pytest.mark.parametrize("on", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_other_work_taking_the_cores_is_probed_again_where_retune_on_other_work_is_on(
+    monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    # The loop's wait does not change (the data phase stays light): only the cores other work used do. What the
+    # CPU meter reads on this host is replaced by a scripted host, so that the test's own load does not decide.
+    other = OtherWorkFrom(epoch=1)
+    monkeypatch.setattr(watch_module.CoresUse, "of", classmethod(lambda cls, window: other.cores_of(window)))
+    options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False, retune_on_other_work=on)
+    pl.seed_everything(5, verbose=False)
+    untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0, epochs=3)
+    said: list[str] = []
+    seen, guard, _ = _fit(options, heavy_from=-1, epochs=3, said=said, extra=[other])
+    assert seen == untuned  # every epoch's samples and order, re-tune included
+    decision = guard.decision
+    assert decision is not None
+    # The watch read windows that carry the CPU meter's reading of their own span.
+    read = [w for w in other.windows if w.cpu is not None]
+    assert read, "the watch read no window with a CPU reading"
+    if not on:
+        assert decision.retunes == 0, decision.table()
+        return
+    assert decision.retunes >= 1, decision.table()
+    assert "other work on the host went from 0.0 to 8.0 cores over 3 windows" in decision.retuned, decision.retuned
+    assert any("other work on the host went from" in message for message in said), said
 
 
 class PhasedData(ResumableLoaderMixin, pl.LightningDataModule):

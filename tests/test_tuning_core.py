@@ -22,6 +22,7 @@ from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.reach import span_choices, spanning_planner
+from lightning_loadguard.tuning.watch import CoresUse
 
 FAST = TuneOptions(warmup_steps=2, window_steps=6)
 
@@ -1005,9 +1006,21 @@ def test_a_0_1_0_checkpoint_loads_without_a_watch_and_a_watched_one_keeps_its_re
     again = LoadGuard(auto_tune=True)
     again.load_state_dict({"tuner": watched})
     assert again.state_dict()["tuner"] == watched
+    kept = again._tuner._session._reference if again._tuner is not None else None
+    assert kept is not None and kept.cores is None  # stored before the cores were: watched on the data side alone
     torn = LoadGuard(auto_tune=True)  # a measurement cut short loads as none: the decision applies, unwatched
     torn.load_state_dict({"tuner": {**_STATE_0_1_0, "watch": {"rate": 60.0}}})
     assert torn.state_dict()["tuner"] == _STATE_0_1_0
+    # The cores the decision read (kept since the watch reads other work's cores) come back with it.
+    with_cores = {**watched, "watch": {**watched["watch"], "cores": {"other": 1.5, "busy_share": 0.95}}}
+    cores = LoadGuard(auto_tune=True)
+    cores.load_state_dict({"tuner": with_cores})
+    assert cores.state_dict()["tuner"] == with_cores
+    reference = cores._tuner._session._reference if cores._tuner is not None else None
+    assert reference is not None and reference.cores == CoresUse(1.5, 0.95)
+    torn_cores = LoadGuard(auto_tune=True)
+    torn_cores.load_state_dict({"tuner": {**watched, "watch": {**watched["watch"], "cores": {"other": 1.5}}}})
+    assert torn_cores.state_dict()["tuner"] == _STATE_0_1_0
 
 
 @pytest.mark.parametrize(("max_epochs", "span"), [(None, 8), (4, 4), (1, 1), (200, 8), (6, 6)])

@@ -71,6 +71,12 @@ class TuneOptions:
             windows in a row (another job took the cores, the step got faster than the loader keeps up with),
             probe again from the running setting, as in epoch 0 (same samples, same order, the same probe share
             of the steps it spans). ``False``: decide once.
+        retune_on_other_work: ``True``: with ``retune``, a window counts as changed too where the cores other
+            work on the host used moved by a quarter of the cores you may use, onto full cores or off cores that
+            were full at the decision (:mod:`~lightning_loadguard.tuning.watch`), which finds arrivals and
+            departures that move the best setting with the loop's wait unchanged. ``False`` (default): most
+            such moves leave the best setting where it is, and each re-tune's probes cost steps on cores that
+            are full (``benchmarks/RESULTS.md`` has both).
 
     Example:
         >>> TuneOptions(probe_share=0.1, memory_share=0.25).probe_share
@@ -105,6 +111,7 @@ class TuneOptions:
     persistent_min_share: float = 0.02
     keep_random_draws: bool = False
     retune: bool = True
+    retune_on_other_work: bool = False
 
     def __post_init__(self) -> None:
         _share("probe_share", self.probe_share)
@@ -118,7 +125,7 @@ class TuneOptions:
             _int("window_steps", self.window_steps, 4)
         _share("min_gain", self.min_gain, open_low=False)
         _share("persistent_min_share", self.persistent_min_share, open_low=False)
-        for name in ("tune_persistent_workers", "keep_random_draws", "retune"):
+        for name in ("tune_persistent_workers", "keep_random_draws", "retune", "retune_on_other_work"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TuneOptions.{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -53,7 +53,7 @@ from lightning_loadguard.tuning.reach import (
     tuner_budget,
 )
 from lightning_loadguard.tuning.sharding import worker_sharding
-from lightning_loadguard.tuning.watch import DecisionWatch, HostChange, WatchReference
+from lightning_loadguard.tuning.watch import HOST_MOVE, CoresUse, DecisionWatch, HostChange, WatchReference
 
 __all__ = ["TrainerPort", "TuneDecision", "TuneOptions", "TuningSession"]
 
@@ -376,6 +376,8 @@ class TuningSession:
                 "winnable": reference.winnable,
                 "window_steps": self._watch_steps,
             }
+            if reference.cores is not None:
+                state["watch"]["cores"] = {"other": reference.cores.other, "busy_share": reference.cores.busy_share}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -387,10 +389,14 @@ class TuningSession:
         self._reference = None
         try:
             self._reference = WatchReference(
-                self.decision.setting, float(watch["rate"]), float(watch["error"]), float(watch["winnable"])
+                self.decision.setting,
+                float(watch["rate"]),
+                float(watch["error"]),
+                float(watch["winnable"]),
+                _stored_cores(watch.get("cores")),
             )
             self._watch_steps = int(watch["window_steps"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             self._reference = None  # no measurement to watch against: the decision is applied, not watched
 
     # -- windows ---------------------------------------------------------------------------------------
@@ -833,7 +839,8 @@ class TuningSession:
 
     def _watch_from_now(self) -> None:
         assert self._reference is not None
-        self._decision_watch = DecisionWatch(self._reference, self.options.min_gain)
+        host_move = HOST_MOVE if self.options.retune_on_other_work else None
+        self._decision_watch = DecisionWatch(self._reference, self.options.min_gain, host_move=host_move)
         self._watch_mark = None
         self._watch_from = self.monitor.total_steps + self.options.warmup_steps
 
@@ -1063,3 +1070,11 @@ class TuningSession:
     def _progress(self, message: str) -> None:
         if self._port is not None:
             self._port.info(f"LoadGuard auto-tune: {message}")
+
+
+def _stored_cores(stored: Any) -> CoresUse | None:
+    """The decision's reading of the cores, as a checkpoint stored it (absent from those before it was kept: the
+    watch then reads the data side alone)."""
+    if stored is None:
+        return None
+    return CoresUse(float(stored["other"]), float(stored["busy_share"]))
