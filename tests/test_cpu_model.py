@@ -222,6 +222,7 @@ def test_the_cpu_and_host_meters_leave_a_mocked_monotonic_clock_alone(monkeypatc
     monkeypatch.setattr(time, "monotonic", counting_clock)
     sampler.sample(min_window_s=0.0)
     sampler.sample(min_window_s=0.0)
+    sampler.use_since(sampler.read(), min_window_s=0.0)
     host_facts(max_age_s=0.0)
     assert calls == []
 

@@ -339,6 +339,17 @@ class CpuSampler:
             busy_cores=busy,
         )
 
+    def use_since(self, start: CpuReading, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
+        """The cores used from ``start`` to now (``None`` where that is under ``min_window_s``, checked before
+        reading, or where ``/proc`` cannot be read)."""
+        if _monotonic() - start.at < min_window_s:
+            return None
+        try:
+            now = self.read()
+        except (psutil.Error, OSError):
+            return None
+        return self.use_between(start, now, min_window_s)
+
     def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used since the previous sample, or ``None`` on the first call, when fewer than
         ``min_window_s`` seconds have passed (the window goes on), or when ``/proc`` cannot be read."""

@@ -300,10 +300,7 @@ class LoaderMonitor:
 
     def _cpu_since(self, start: CpuReading | None) -> CpuUse | None:
         """The cores used since ``start``, where it was read and lies ``MIN_WINDOW_S`` back or more."""
-        if start is None:
-            return None
-        end = self._cpu_reading()
-        return None if end is None else self._guarded(_CPU, self._cpu.use_between, start, end)
+        return None if start is None else self._guarded(_CPU, self._cpu.use_since, start)
 
     def _device_records(self) -> list[DeviceStep]:
         self._device(DeviceTimeline.poll)
