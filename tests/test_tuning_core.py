@@ -20,6 +20,7 @@ from lightning_loadguard.tuning.arms import Arm, beats, gain
 from lightning_loadguard.tuning.decision import TuneDecision
 from lightning_loadguard.tuning.depth import model_only_decision
 from lightning_loadguard.tuning.options import TuneOptions
+from lightning_loadguard.tuning.persistence import WorkerStarts
 from lightning_loadguard.tuning.planner import Planner
 from lightning_loadguard.tuning.reach import span_choices, spanning_planner
 from lightning_loadguard.tuning.watch import CoresUse
@@ -847,6 +848,54 @@ def test_computing_workers_past_the_cores_are_rated_over_the_epoch_their_first_b
     assert within.rate == pytest.approx(40.0) and within.rating == ""
     assert Arm(LoaderSettings(16), waiting, 1, epoch_steps=40).rate == pytest.approx(40.0)
     assert Arm(LoaderSettings(16), reading, 1).rate == pytest.approx(40.0)
+
+
+def test_workers_that_start_anew_each_epoch_are_rated_over_the_epoch_their_measured_start_included() -> None:
+    # 16 computing workers on 4 cores, read at 40 steps/s; starting them was seen to take 0.6 s, paid at each of the
+    # 40-step epochs where persistent workers are not chosen: 40 steps in 1 + 0.4 (first batch) + 0.6 s.
+    reading = _sharing(16, 4, 0.1, read_rate=40.0)
+    arm = Arm(LoaderSettings(16), reading, 1, epoch_steps=40, start_s=0.6)
+    assert arm.rate == pytest.approx(40 / 2.0)
+    assert arm.rating == (
+        "; rated 20.00 steps/s: over a 40-step epoch whose first batch takes 0.4 s and workers' start takes 0.6 s"
+    )
+    assert Arm(LoaderSettings(4), _sharing(4, 4, 0.1, read_rate=40.0), 1, epoch_steps=40, start_s=0.6).rate == (
+        pytest.approx(40 / 1.6)
+    )
+    # Paid only where persistent workers cannot be chosen: where they can, a start that costs a share of the epoch
+    # turns them on.
+    window = WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.1,) * 10)
+    for tune_persistent, paid in ((False, 0.6), (True, None)):
+        starts = WorkerStarts(TuneOptions(tune_persistent_workers=tune_persistent), epoch_steps=40)
+        starts.record(LoaderSettings(16), window, startup_s=0.6)
+        starts.record(LoaderSettings(8, persistent_workers=True), window, startup_s=0.6)
+        assert starts.paid_each_epoch(LoaderSettings(16)) == paid
+        assert starts.paid_each_epoch(LoaderSettings(8, persistent_workers=True)) is None
+
+
+def test_without_persistent_workers_the_count_chosen_is_the_fastest_over_an_epoch_its_start_included() -> None:
+    # Your 2 workers read 20 steps/s; every count above reads 24 (the step's rate). Starting w workers takes w / 2 s
+    # at each 1000-step epoch's start, as the test's own costs say: over an epoch 4 workers make the most steps/s
+    # (22.9; 8 make 21.9), though in the windows every count from 3 up reads alike.
+    def epoch_rate(workers: int) -> float:
+        return 1000 / (1000 / (20.0 if workers <= 2 else 24.0) + workers / 2)
+
+    options = TuneOptions(tune_persistent_workers=False)
+    planner = Planner(LoaderSettings(2), HostBudget(32, "cores"), options, epoch_steps=1000)
+    proposal: LoaderSettings | None = planner.current
+    while proposal is not None:
+        w = proposal.num_workers
+        wait = 1 / 20 - 1 / 24 if w <= 2 else 0.0
+        window = WindowSnapshot(
+            wait_s=(wait,) * 24, step_s=(1 / 24,) * 24, settings=proposal, production_s=(w / 20 * 0.9,) * 24
+        )
+        proposal = planner.record(window, startup_s=w / 2)
+    decision = planner.decide()
+    measured = {c.setting.num_workers for c in decision.candidates}
+    assert len(measured) >= 3, decision.table()  # not vacuous: counts from 4 to 8 were measured
+    assert epoch_rate(decision.num_workers) == max(map(epoch_rate, measured)), decision.table()
+    for arm in planner.arms.values():
+        assert arm.rate == pytest.approx(epoch_rate(arm.setting.num_workers))
 
 
 def test_two_windows_joined_are_one_window_of_both() -> None:

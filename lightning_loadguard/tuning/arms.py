@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -50,6 +51,12 @@ class Arm:
     """Steps in an epoch, where the rate counts each epoch's first batch: computing workers that outnumber the
     cores start every epoch making their first batches at once, on shared cores, and the loop waits one production
     time at that count (which grows with the count) that no window inside an epoch sees."""
+    first_batch: bool = True
+    """Whether the rate over an epoch counts the first batch of computing workers past the cores."""
+    start_s: float | None = None
+    """What starting the setting's workers was seen to cost, where they start anew at every epoch (with
+    :attr:`epoch_steps`, counted in the rate over an epoch): no window inside an epoch sees it, and it grows with
+    the count on busy cores."""
 
     @cached_property
     def rate(self) -> float:
@@ -74,14 +81,14 @@ class Arm:
         return self._rated[0]
 
     @cached_property
-    def _rated(self) -> tuple[float, float | None, float | None]:
-        """:attr:`rate`, the cores' bound where it lowered the window's reading, and the first batch's time where an
-        epoch's start counts."""
+    def _rated(self) -> tuple[float, float | None, float | None, float | None]:
+        """:attr:`rate`, the cores' bound where it lowered the window's reading, and where an epoch's start counts,
+        the first batch's time and the workers' start."""
         w = self.window
         rate = w.sustained_rate
         workers = self.setting.num_workers
         if workers == 0 or rate <= 0:
-            return rate, None, None
+            return rate, None, None, None
         cores = w.host.cores_per_process
         cpu = w.batch_cpu_s
         bound = cores / cpu if self.cores_bound and cpu else None
@@ -91,9 +98,14 @@ class Arm:
             bound = None
         share = w.cpu_share
         first = w.mean_production_s
-        if self.epoch_steps and workers > cores and share is not None and share >= COMPUTING and first:
-            return 1.0 / (1.0 / rate + first / self.epoch_steps), bound, first
-        return rate, bound, None
+        computing = share is not None and share >= COMPUTING
+        if not (self.first_batch and self.epoch_steps and workers > cores and computing and first):
+            first = None
+        start = self.start_s if self.epoch_steps and self.start_s else None
+        if first is None and start is None:
+            return rate, bound, None, None
+        per_epoch = (first or 0.0) + (start or 0.0)
+        return 1.0 / (1.0 / rate + per_epoch / self.epoch_steps), bound, first, start
 
     @property
     def rating(self) -> str:
@@ -111,13 +123,16 @@ class Arm:
             >>> Arm(LoaderSettings(8), w, 1).rating  # the window's reading
             ''
         """
-        rate, bound, first = self._rated
+        rate, bound, first, start = self._rated
         parts = []
         if bound is not None:
             cores = self.window.host.cores_per_process
             parts.append(f"at most {bound:.2f} ({cores:g} cores at {self.window.batch_cpu_s:.3g} CPU-s a batch)")
-        if first is not None:
-            parts.append(f"over a {self.epoch_steps}-step epoch whose first batch takes {first:.3g} s")
+        if first is not None or start is not None:
+            costs = ([f"first batch takes {first:.3g} s"] if first is not None else []) + (
+                [f"workers' start takes {start:.3g} s"] if start is not None else []
+            )
+            parts.append(f"over a {self.epoch_steps}-step epoch whose {' and '.join(costs)}")
         return f"; rated {rate:.2f} steps/s: " + ", ".join(parts) if parts else ""
 
     @property
@@ -151,11 +166,23 @@ class Arms(dict[LoaderSettings, Arm]):
         ('', 2)
     """
 
-    def __init__(self, *, settle: bool, cores_bound: bool = False, epoch_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settle: bool,
+        cores_bound: bool = False,
+        epoch_steps: int | None = None,
+        first_batch: bool = True,
+        start_cost: Callable[[LoaderSettings], float | None] | None = None,
+    ) -> None:
         super().__init__()
+        self.first_batch = first_batch
         self.settle = settle
         self.cores_bound = cores_bound
         self.epoch_steps = epoch_steps
+        self.start_cost = start_cost
+        """What starting a setting's workers costs at every epoch's start (``None`` where not seen, or where they
+        are kept across epochs)."""
         self._since_restart: Arm | None = None  # the current setting's windows since its last restart
         self._before_restart: dict[LoaderSettings, Arm | None] = {}
 
@@ -188,7 +215,16 @@ class Arms(dict[LoaderSettings, Arm]):
         return note
 
     def _arm(self, setting: LoaderSettings, window: WindowSnapshot, windows: int) -> Arm:
-        return Arm(setting, window, windows, cores_bound=self.cores_bound, epoch_steps=self.epoch_steps)
+        start = self.start_cost(setting) if self.start_cost is not None else None
+        return Arm(
+            setting,
+            window,
+            windows,
+            cores_bound=self.cores_bound,
+            epoch_steps=self.epoch_steps,
+            first_batch=self.first_batch,
+            start_s=start,
+        )
 
     def restart(self) -> None:
         """The window just joined is set aside: the next one starts the current setting's run afresh."""

@@ -47,6 +47,23 @@ class WorkerStarts:
             return False
         return startup_s >= self.options.persistent_min_share * self.epoch_steps / rate
 
+    def paid_each_epoch(self, setting: LoaderSettings) -> float | None:
+        """What starting ``setting``'s workers was seen to cost, where they start anew at every epoch's start: not
+        persistent, and not to be made so (``tune_persistent_workers=False``; ``None`` where unseen or not paid).
+        Where persistent workers may be chosen, a start that costs a share of the epoch turns them on, and one that
+        does not costs under ``persistent_min_share``: no ranking is changed for it.
+
+        Example:
+            >>> starts = WorkerStarts(TuneOptions(tune_persistent_workers=False), epoch_steps=100)
+            >>> starts.record(LoaderSettings(4), WindowSnapshot(wait_s=(0.0,) * 10, step_s=(0.1,) * 10), startup_s=0.5)
+            >>> starts.paid_each_epoch(LoaderSettings(4)), starts.paid_each_epoch(LoaderSettings(2))
+            (0.5, None)
+        """
+        start = self._startups.get(setting)
+        if start is None or setting.num_workers == 0 or setting.persistent_workers:
+            return None
+        return None if self.options.tune_persistent_workers else start
+
     def against_steps(self, setting: LoaderSettings, rate: float) -> str:
         """What starting ``setting``'s workers costs against an epoch's steps at ``rate``, in words."""
         startup_s, steps_s = self._startups[setting], self.epoch_steps / rate

@@ -50,6 +50,7 @@ RULES = frozenset(
         "settle",  # a window a later one of the same run beats beyond the noise is set aside as settling
         "cores_bound",  # an arm's rate is at most what the host's cores make at its CPU-seconds a batch
         "epoch_start",  # computing workers past the cores are rated over an epoch, its first batch included
+        "start_cost",  # workers that start anew each epoch are rated over an epoch, their measured start included
         "no_batch_again",  # a window in which no batch was made, and not read since its start, is measured again
         "estimate",  # the search starts at the model's estimate (else twice the user's count)
         "replay_scan",  # the estimate is raised to the count whose buffer replay absorbs the bursts
@@ -123,10 +124,13 @@ class Planner:
         self.retune = retune
         self.current_note = self._start
         self.results: list[CandidateResult] = []
+        self._starts = WorkerStarts(options, epoch_steps)
         self.arms = Arms(
             settle="settle" in self.rules,
             cores_bound="cores_bound" in self.rules,
-            epoch_steps=epoch_steps if "epoch_start" in self.rules else None,
+            epoch_steps=epoch_steps if {"epoch_start", "start_cost"} & self.rules else None,
+            first_batch="epoch_start" in self.rules,
+            start_cost=self._starts.paid_each_epoch if "start_cost" in self.rules else None,
         )
         self.probe_steps = 0
         self.probe_time_s = 0.0
@@ -135,7 +139,6 @@ class Planner:
         # The setting whose workers run: measured again, it needs no restart.
         self._running: LoaderSettings | None = original
         self._ran_out = False
-        self._starts = WorkerStarts(options, epoch_steps)
         self.chosen: Arm | None = None
         """The arm the latest decision rests on (its depth may be deeper: :func:`~.depth.tail_deepened`)."""
 
