@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/tune_ablation.py --jobs 2                 # every rule, 500 + 500 pipelines
     python benchmarks/tune_ablation.py --count 100 --rules twice,halve
+    python benchmarks/tune_ablation.py --jobs 2 --rules start_cost --no-persistent   # tune_persistent_workers=False
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from workloads import commit
 from lightning_loadguard.tuning.planner import RULES
 
 
-def _one(seed: int, rules: tuple[str, ...]) -> dict[str, Score]:
-    return score_planners(generate(seed), {r: planner_without(r) for r in rules}, seed=seed)
+def _one(seed: int, rules: tuple[str, ...], persistent: bool = True) -> dict[str, Score]:
+    return score_planners(generate(seed), {r: planner_without(r) for r in rules}, seed=seed, persistent=persistent)
 
 
 def _moved(scores: list[dict[str, Score]], rule: str) -> tuple[int, int]:
@@ -53,6 +54,11 @@ def main() -> None:
         "--rules", default=",".join(sorted(RULES)), help="rules to remove, one at a time (comma-separated)"
     )
     parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument(
+        "--no-persistent",
+        action="store_true",
+        help="tune with TuneOptions(tune_persistent_workers=False) (the grid's best may still be persistent)",
+    )
     args = parser.parse_args()
     rules = [r for r in args.rules.split(",") if r]
     unknown = sorted(set(rules) - RULES)
@@ -60,12 +66,14 @@ def main() -> None:
         parser.error(f"--rules: unknown {', '.join(unknown)}; the rules are {', '.join(sorted(RULES))}")
     started = time.perf_counter()
     every = (FULL, *rules)
-    run = partial(_one, rules=every)
+    run = partial(_one, rules=every, persistent=not args.no_persistent)
     dev = map_seeds(run, range(args.count), args.jobs)
     held = map_seeds(run, range(500, 500 + args.count), args.jobs)
     print(
         f"{args.count} + {args.count} pipelines (seeds 0 to {args.count - 1}, development; 500 to "
-        f"{499 + args.count}, held out), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
+        f"{499 + args.count}, held out), commit {commit()}, {time.perf_counter() - started:.0f} s"
+        + ("; tune_persistent_workers=False" if args.no_persistent else "")
+        + "\n"
     )
     print(
         "| rule removed | >= 0.95 x best (dev / held out) | 1st percentile (dev / held out) "

@@ -296,14 +296,17 @@ def score_planners(
     truth_seeds: int = 1,
     per_epoch: bool = True,
     measured: bool = False,
+    persistent: bool = True,
 ) -> dict[str, Score]:
-    """:func:`score` for each of ``planners`` on one ground truth (each setting's rate simulated once)."""
+    """:func:`score` for each of ``planners`` on one ground truth (each setting's rate simulated once);
+    ``persistent``: ``TuneOptions.tune_persistent_workers``."""
     truth = _Truth(p, truth_steps, truth_seeds, per_epoch)
     grid = grid_best(p, truth)
     user_rate = truth(p.user)
     scores = {}
     for name, planner in planners.items():
-        tuned = tune(p, TuneOptions(max_workers=p.max_workers), seed=seed, planner=planner)
+        options = TuneOptions(max_workers=p.max_workers, tune_persistent_workers=persistent)
+        tuned = tune(p, options, seed=seed, planner=planner)
         chosen_rate = truth(tuned.chosen)
         # The grid need not hold the user's settings nor the chosen ones: the best is the fastest of the three.
         d = tuned.decision
