@@ -573,6 +573,9 @@ def test_a_decision_that_keeps_your_settings_turns_on_only_their_persistent_work
         return window
 
     monkeypatch.setattr(session_module.TuningSession, "_measured", alike)
+    # Starting any setting's workers takes 10 ms: this host's own start costs, which a busy host stretches, would
+    # otherwise rate the settings apart over an epoch where persistent workers cannot be chosen.
+    monkeypatch.setattr(session_module.TuningSession, "_startup_cost_s", lambda self: 0.01)
     options = replace(FAST, tune_persistent_workers=allowed, persistent_min_share=0.0)
     _, guard, trainer = fit(io_bound(), options, root=tmp_path)
     decision = guard.decision
