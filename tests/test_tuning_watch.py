@@ -114,9 +114,9 @@ def on_cores(w: WindowSnapshot, training: float, other: float, processes: int = 
     return replace(w, cpu=use, host=HostFacts(cpu_count=CORES, processes_on_host=processes))
 
 
-def _host_watch(other_before: float, busy_before: float, **kwargs: float | None) -> DecisionWatch:
+def _host_watch(other_before: float, busy_before: float, host_move: float | None = HOST_MOVE) -> DecisionWatch:
     reference = replace(REFERENCE, cores=CoresUse(other_before, busy_before))
-    return DecisionWatch(reference, min_gain=0.05, **kwargs)  # type: ignore[arg-type]
+    return DecisionWatch(reference, min_gain=0.05, host_move=host_move)
 
 
 def _first_host_change(watch: DecisionWatch, windows: list[WindowSnapshot]) -> int | None:
@@ -147,6 +147,8 @@ def test_work_that_arrives_on_full_cores_is_a_change_with_the_data_side_unchange
     assert change.other_before == pytest.approx(1.0) and change.other_now == pytest.approx(4.0)
     assert change.reason.startswith("other work on the host went from 1.0 to 4.0 cores over 3 windows")
     assert _first_change([arrived] * 10) is None  # the same windows, no cores read at the decision
+    unread = DecisionWatch(replace(REFERENCE, cores=CoresUse(1.0, 6 / CORES)), min_gain=0.05)
+    assert _first_host_change(unread, [arrived] * 10) is None  # nor by default: the data side alone
 
 
 def test_work_that_arrives_on_cores_with_room_is_not_a_change() -> None:

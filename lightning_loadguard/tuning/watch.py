@@ -1,19 +1,19 @@
 """After a decision: whether the host or the step changed so much that the decision may no longer hold.
 
-The tuner decides on the windows of its first epochs. Another job that takes the cores, a step that gets faster
-or slower, a heavier data phase: each moves the rate the chosen setting sustains. :class:`DecisionWatch` reads
-the windows the chosen setting runs after the decision. A window has changed when the share of the loop's time a
-faster loader could win back (the planner's own reading of a window) grew over the decision's by ``min_gain`` and
-by more than the window's noise (two standard errors of its blocks' shares, as :mod:`~lightning_loadguard.model.noise`
-reads rates): the data side fell behind, whether the producer got slower (another job took the cores) or the step
-got faster than it keeps up with, at a rate that moved or not. A step that got slower, or faster with the loader
-keeping up, is not a change: no loader setting would win anything more. A window has changed too where the
-cores other work used (:func:`~lightning_loadguard.model.budget.other_cores`) moved by :data:`HOST_MOVE` of the
-cores this process may use or more: while the cores are full (:data:`FULL`) for work that arrived, or where they
-were full at the decision for work that left. More work on full cores slows the workers and the loop alike, so
-the share a faster loader could win back may not grow, while the best count of workers moves (down to none where
-the hand-over is the cost); work that left frees cores the decision could not count on. A change that holds over
-:data:`HOLD_WINDOWS` windows in a row is a reason to probe again. Plain Python, driven by windows, like the
+The tuner decides on the windows of its first epochs. Another job that takes the cores, a step that gets faster or
+slower, a heavier data phase: each moves the rate the chosen setting sustains. :class:`DecisionWatch` reads the
+windows the chosen setting runs after the decision. A window has changed when the share of the loop's time a faster
+loader could win back (the planner's own reading of a window) grew over the decision's by ``min_gain`` and by more
+than the window's noise (two standard errors of its blocks' shares, as :mod:`~lightning_loadguard.model.noise` reads
+rates): the data side fell behind, whether the producer got slower (another job took the cores) or the step got faster
+than it keeps up with, at a rate that moved or not. A step that got slower, or faster with the loader keeping up, is
+not a change: no loader setting would win anything more. With ``host_move`` (``TuneOptions.retune_on_other_work``), a
+window has changed too where the cores other work used (:func:`~lightning_loadguard.model.budget.other_cores`) moved
+by :data:`HOST_MOVE` of the cores this process may use or more: while the cores are full (:data:`FULL`) for work that
+arrived, or where they were full at the decision for work that left. More work on full cores slows the workers and the
+loop alike, so the share a faster loader could win back may not grow, while the best count of workers moves (down to
+none where the hand-over is the cost); work that left frees cores the decision could not count on. A change that holds
+over :data:`HOLD_WINDOWS` windows in a row is a reason to probe again. Plain Python, driven by windows, like the
 planner.
 """
 
@@ -121,7 +121,7 @@ class DecisionWatch:
             beyond the noise).
         hold: windows in a row the change must show.
         host_move: share of the usable cores by which other work's cores must move for a window to count as
-            changed (``None``: the data side alone).
+            changed (:data:`HOST_MOVE` where ``TuneOptions.retune_on_other_work``; ``None``: the data side alone).
 
     Example:
         The decision measured 50 steps/s; then another job takes the cores and the loop waits for data:
@@ -137,7 +137,7 @@ class DecisionWatch:
     """
 
     def __init__(
-        self, reference: WatchReference, min_gain: float, hold: int = HOLD_WINDOWS, host_move: float | None = HOST_MOVE
+        self, reference: WatchReference, min_gain: float, hold: int = HOLD_WINDOWS, host_move: float | None = None
     ) -> None:
         if hold < 1:
             raise ValueError(f"hold must be an integer >= 1, got {hold!r}")
