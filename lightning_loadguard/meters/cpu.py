@@ -315,6 +315,13 @@ class CpuSampler:
             workers += child_times.user + child_times.system
         return CpuReading(_monotonic(), own, workers, _busy_seconds(self._cpus))
 
+    def reading(self) -> CpuReading | None:
+        """:meth:`read`, or ``None`` where ``/proc`` cannot be read now."""
+        try:
+            return self.read()
+        except (psutil.Error, OSError):
+            return None
+
     def use_between(self, start: CpuReading, end: CpuReading, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used from ``start`` to ``end`` (``None`` where they lie under ``min_window_s`` apart).
 
@@ -344,11 +351,8 @@ class CpuSampler:
         reading, or where ``/proc`` cannot be read)."""
         if _monotonic() - start.at < min_window_s:
             return None
-        try:
-            now = self.read()
-        except (psutil.Error, OSError):
-            return None
-        return self.use_between(start, now, min_window_s)
+        now = self.reading()
+        return None if now is None else self.use_between(start, now, min_window_s)
 
     def sample(self, min_window_s: float = MIN_WINDOW_S) -> CpuUse | None:
         """The cores used since the previous sample, or ``None`` on the first call, when fewer than
@@ -357,9 +361,8 @@ class CpuSampler:
         if last is not None and _monotonic() - last.at < min_window_s:
             # Checked before reading: listing the workers reads /proc for every process on the host.
             return None
-        try:
-            now = self.read()
-        except (psutil.Error, OSError):
+        now = self.reading()
+        if now is None:
             return None
         last = self._last
         if last is not None and now.at - last.at < min_window_s:

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import psutil
-
 from lightning_loadguard.meters.consumer import ConsumerMeter
 from lightning_loadguard.meters.cpu import CpuReading, CpuSampler, CpuUse
 from lightning_loadguard.meters.device import DeviceEvent, DeviceStep, DeviceTimeline
@@ -296,7 +294,7 @@ class LoaderMonitor:
         self._cpu_use = self._guarded(_CPU, self._cpu.sample) or self._cpu_use
 
     def _cpu_reading(self) -> CpuReading | None:
-        return self._guarded(_CPU, _read_or_none, self._cpu)
+        return self._guarded(_CPU, self._cpu.reading)
 
     def _cpu_since(self, start: CpuReading | None) -> CpuUse | None:
         """The cores used since ``start``, where it was read and lies ``MIN_WINDOW_S`` back or more."""
@@ -447,10 +445,3 @@ def _unguarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
 def _ran(call: Callable[[DeviceTimeline], Any], timeline: DeviceTimeline) -> bool:
     call(timeline)
     return True
-
-
-def _read_or_none(sampler: CpuSampler) -> CpuReading | None:
-    try:
-        return sampler.read()
-    except (psutil.Error, OSError):
-        return None  # /proc unreadable now: this window has no reading of its own
