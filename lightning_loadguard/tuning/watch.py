@@ -147,22 +147,18 @@ class DecisionWatch:
         self.min_gain = min_gain
         self.hold = hold
         self.host_move = host_move
-        self._recent: deque[WindowSnapshot] = deque(maxlen=hold)
-        # Whether each of those changed on the data side, and by other work's cores.
-        self._data_side: deque[bool] = deque(maxlen=hold)
-        self._host_side: deque[bool] = deque(maxlen=hold)
+        # The latest windows, each with whether it changed on the data side and by other work's cores.
+        self._recent: deque[tuple[WindowSnapshot, bool, bool]] = deque(maxlen=hold)
         self._held = 0  # the latest windows in a row that changed
 
     def record(self, window: WindowSnapshot) -> HostChange | None:
         """One window of the chosen setting: the change, once it held over ``hold`` windows, else ``None``."""
         data_side, host = self._changes(window)
-        self._recent.append(window)
-        self._data_side.append(data_side)
-        self._host_side.append(host)
+        self._recent.append((window, data_side, host))
         self._held = self._held + 1 if data_side or host else 0
         if self._held < self.hold:
             return None
-        recent = list(self._recent)
+        recent = [w for w, _, _ in self._recent]
         loop = math.fsum(w.loop_s for w in recent)
         rate = sum(w.steps for w in recent) / loop if loop > 0 else 0.0
         wait = math.fsum(sum(w.wait_s) for w in recent) / loop if loop > 0 else 0.0
@@ -178,16 +174,17 @@ class DecisionWatch:
             winnable,
             other_before=None if reference is None else reference.other,
             other_now=sum(now) / len(now) if now else None,
-            on_data_side=any(self._data_side),
-            other_work_moved=any(self._host_side),
+            on_data_side=any(data for _, data, _ in self._recent),
+            other_work_moved=any(moved for _, _, moved in self._recent),
         )
 
     def latest(self) -> WindowSnapshot | None:
         """The last ``hold`` windows read, joined (``None`` before the first): the running setting as it runs now."""
         if not self._recent:
             return None
-        joined = self._recent[0]
-        for window in list(self._recent)[1:]:
+        windows = [w for w, _, _ in self._recent]
+        joined = windows[0]
+        for window in windows[1:]:
             joined = joined.joined(window)
         return joined
 
