@@ -56,6 +56,10 @@ class _LightningPort:
     def pinning_helps(self) -> bool:
         return self._trainer.strategy.root_device.type == "cuda"
 
+    @property
+    def drops_unread_iterators(self) -> bool:
+        return int(getattr(self._trainer, "reload_dataloaders_every_n_epochs", 0) or 0) > 0
+
     def gather_rows(self, row: Sequence[float]) -> list[list[float]]:
         return _pl.gather_rows(self._trainer, row)
 

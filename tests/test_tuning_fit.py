@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from pipelines import FETCH_ACTION, MadeByWorkers, quiet_trainer
-from scripted_tuning import window_of
+from scripted_tuning import scripted_window, window_of
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_loadguard._lightning import pl
@@ -152,6 +152,67 @@ def test_a_setting_measured_again_runs_on_without_a_restart_in_the_untuned_order
     assert decision.candidates[2].steps == FAST.warmup_steps + FAST.window_steps  # warm: no refill
     assert [k.get("num_workers") for k in restarts][:2] == [2, 1]  # measured again without a restart
     assert tuned == untuned
+
+
+def _main_process_wins(self: Any, port: Any, start: Any) -> WindowSnapshot:
+    """Scripted windows where the hand-over costs more than loading: with workers the loop waits 8 ms for a batch a
+    worker made in 1 ms (the search then probes the main process), which loads it in 1 ms beside a 4 ms step."""
+    setting = self._planner.current if self._planner is not None else settings_of(self._loader)
+    steps = self._window_steps if self._planner is not None else self._watch_steps
+    wait = 0.001 if setting.num_workers == 0 else 0.008
+    return WindowSnapshot(
+        wait_s=(wait,) * steps,
+        step_s=(0.004,) * steps,
+        production_s=(0.001,) * steps,
+        settings=setting,
+        host=HostFacts(cpu_count=8),
+        batches_made=steps,
+    )
+
+
+@pytest.mark.parametrize(("workers", "reload"), [(1, 0), (1, 1), (0, 0), (0, 1)])
+def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_epochs_order(
+    monkeypatch: pytest.MonkeyPatch, workers: int, reload: int
+) -> None:
+    # Where Lightning reloads the loaders it builds each later epoch's iterator twice and drops the first unread. A
+    # loader with workers starts its shuffle's run (a draw from torch's stream) as the iterator is built, one in the
+    # main process at the first batch: across num_workers=0 the draws differ, and so would every later order. The
+    # scripted windows make the other side of num_workers=0 faster than the user's.
+    monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins if workers else scripted_window)
+
+    def shuffled() -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return timed_loader(TimedDataset(480, sample_s=0.0001), batch_size=4, num_workers=workers, shuffle=True)
+
+    untuned, _, _ = fit(shuffled(), False, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
+    tuned, guard, _ = fit(shuffled(), FAST, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
+    assert tuned == untuned
+    decision = guard.decision
+    if not reload:  # where nothing is dropped unread, the other side is chosen
+        assert decision is not None and (decision.num_workers == 0) != (workers == 0), decision and decision.table()
+    elif workers:
+        assert decision is not None and len(decision.candidates) >= 2, decision and decision.table()
+        assert all(c.setting.num_workers > 0 for c in decision.candidates), decision.table()
+    else:
+        assert decision is None
+        assert any(n.startswith("auto-tuning is off: the loop builds each epoch's iterator twice") for n in guard._said)
+
+
+def test_a_stored_decision_across_num_workers_0_is_not_applied_where_the_loop_reloads_the_loaders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins)
+    _, first, trainer = fit(io_bound(), FAST, epochs=1, root=tmp_path)
+    assert first.decision is not None and first.decision.num_workers == 0, first.decision
+    path = str(tmp_path / "tuned.ckpt")
+    trainer.save_checkpoint(path)
+    at_start = _WorkersAtStart()
+    _, resumed, _ = fit(
+        io_bound(), FAST, callbacks=[at_start], ckpt_path=path, root=tmp_path, reload_dataloaders_every_n_epochs=1
+    )
+    assert at_start.workers == 1
+    said = [n for n in resumed._said if "the stored auto-tune decision (workers=0) is not applied" in n]
+    assert len(said) == 1 and "reload_dataloaders_every_n_epochs" in said[0], sorted(resumed._said)
 
 
 def test_compute_bound_keeps_the_settings_and_says_so() -> None:

@@ -525,6 +525,35 @@ def order_streams(loader: DataLoader) -> frozenset[str] | None:
     return _streams_of(loader.__dict__[attribute])
 
 
+def order_drawn_at_start(loader: DataLoader) -> bool:
+    """Whether each run of ``loader``'s sampler draws from a random source as it starts (``True`` for a sampler
+    of a kind not known here).
+
+    A loader with workers starts its sampler's run as its iterator is built (the workers' first indices), one
+    in the main process at the first batch. Where the loop builds an iterator it drops unread, only the former
+    draws for it, and every later run's order moves; a fixed order (``SequentialSampler``,
+    ``DistributedSampler``'s seed and epoch, the resume mixin's planned order) is the same either way.
+
+    Example:
+        >>> order_drawn_at_start(DataLoader(range(8), shuffle=True)), order_drawn_at_start(DataLoader(range(8)))
+        (True, False)
+    """
+    if isinstance(loader.dataset, IterableDataset):
+        return False
+    attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    return _draws_at_start(loader.__dict__[attribute])
+
+
+def _draws_at_start(sampler: object) -> bool:
+    while isinstance(sampler, (OrderTap, _StandIn)):
+        sampler = sampler.inner
+    kind = type(sampler)
+    if kind is BatchSampler:
+        return _draws_at_start(sampler.sampler)  # type: ignore[attr-defined]
+    fixed = kind in (SequentialSampler, DistributedSampler)
+    return not (fixed or isinstance(sampler, (PlannedSampler, PlannedBatchSampler)))
+
+
 def _streams_of(sampler: object) -> frozenset[str] | None:
     while isinstance(sampler, (OrderTap, _StandIn)):
         sampler = sampler.inner

@@ -84,6 +84,7 @@ class Planner:
         span_epochs: epochs the probing may span (a short epoch holds too few windows).
         retune: ``original`` is the setting an earlier decision chose, not the user's (the notes say so).
         pinning_helps: an accelerator exists that pinned host memory speeds transfers to.
+        main_process: whether loading in the main process (``num_workers=0``) may be probed.
 
     Example:
         An I/O-bound loader with 1 worker making a batch in 40 ms, and a 10 ms step:
@@ -107,12 +108,15 @@ class Planner:
         pinning_helps: bool = False,
         span_epochs: int = 1,
         retune: bool = False,
+        main_process: bool = True,
     ) -> None:
         if span_epochs < 1:
             raise ValueError(f"span_epochs must be >= 1, got {span_epochs!r}")
         self.original = original
         self.options = options
-        self._search = Search(budget, options, self.rules, self._tried, pinning_helps=pinning_helps)
+        self._search = Search(
+            budget, options, self.rules, self._tried, pinning_helps=pinning_helps, main_process=main_process
+        )
         self.epoch_steps = epoch_steps
         self.pinning_helps = pinning_helps
         self.span_epochs = span_epochs

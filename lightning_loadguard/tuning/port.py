@@ -36,6 +36,12 @@ class TrainerPort(Protocol):
         """An accelerator exists that pinned host memory speeds transfers to."""
         ...
 
+    @property
+    def drops_unread_iterators(self) -> bool:
+        """The loop builds train iterators it drops before reading a batch (Lightning does at each epoch that
+        reloads the loaders, ``reload_dataloaders_every_n_epochs``: it builds that epoch's iterator twice)."""
+        ...
+
     def gather_rows(self, row: Sequence[float]) -> list[list[float]]:
         """Every rank's ``row`` (equal lengths on every rank), by global rank: the ranks' one collective per
         window (:data:`~lightning_loadguard.meters.ranks.Gather`)."""

@@ -47,6 +47,7 @@ class Search:
         rules: the planner's rules (:data:`~lightning_loadguard.tuning.planner.RULES`) the search follows.
         tried: whether a setting was measured already (nothing is proposed twice).
         pinning_helps: an accelerator exists that pinned host memory speeds transfers to.
+        main_process: whether loading in the main process (``num_workers=0``) may be proposed.
     """
 
     def __init__(
@@ -57,12 +58,14 @@ class Search:
         tried: Callable[[LoaderSettings], bool],
         *,
         pinning_helps: bool = False,
+        main_process: bool = True,
     ) -> None:
         self.budget = budget
         self.options = options
         self.rules = rules
         self._tried = tried
         self.pinning_helps = pinning_helps
+        self.main_process = main_process
         self.clamped: str | None = None
         """The wall (``max_workers`` or the memory bound) that last clamped a proposal, if any did."""
 
@@ -163,7 +166,7 @@ class Search:
             workers, self.clamped = cap, "max_workers"
         if workers < 1:
             setting = replace(base, num_workers=0, prefetch_factor=None, pin_memory=False)
-            return None if self._tried(setting) else Proposal(setting, note)
+            return None if self._tried(setting) or not self.main_process else Proposal(setting, note)
         deepest = self.budget.deepest_prefetch(workers, self.options.max_prefetch, pin_memory=base.pin_memory)
         while workers >= 1 and deepest < 1:
             workers -= 1

@@ -30,6 +30,7 @@ from lightning_loadguard.position.switch import (
     apply_settings,
     draw_seeds_like_fresh_iterators,
     end_runs_at_length,
+    order_drawn_at_start,
     order_streams,
     restart_iterator,
     shutdown,
@@ -238,6 +239,12 @@ class TuningSession:
         self._loader = loader
         self._iterable = isinstance(loader.dataset, IterableDataset)
         original = settings_of(loader)
+        main_process = _main_process_keeps_order(port, loader)
+        if original.num_workers == 0 and not main_process:
+            self._declined = f"{_SIDE_KEPT}, and loading in the main process leaves no setting to probe"
+            self._say(f"auto-tuning is off: {self._declined}.")
+            self.decision = None
+            return
         self._good = original
         self._budget = self._host_budget(port)
         # Without a length (an iterable dataset) only the user's window is measured: size it as for 10 windows.
@@ -249,7 +256,13 @@ class TuningSession:
             assert self._budget is not None
             steps_left = max(0, planner_steps - consumed)
             return Planner(
-                original, self._budget, self.options, steps_left, pinning_helps=port.pinning_helps, span_epochs=span
+                original,
+                self._budget,
+                self.options,
+                steps_left,
+                pinning_helps=port.pinning_helps,
+                span_epochs=span,
+                main_process=main_process,
             )
 
         self._planner = spanning_planner(planner, epochs)
@@ -954,9 +967,18 @@ class TuningSession:
         budget = self._budget = self._host_budget(port)
         left = max(0, steps - port.consumed_in_epoch())
 
+        main_process = _main_process_keeps_order(port, loader)
+
         def planner_over(span: int) -> Planner:
             return Planner(
-                current, budget, self.options, left, pinning_helps=port.pinning_helps, span_epochs=span, retune=True
+                current,
+                budget,
+                self.options,
+                left,
+                pinning_helps=port.pinning_helps,
+                span_epochs=span,
+                retune=True,
+                main_process=main_process,
             )
 
         if port.current_epoch == self._due_epoch:
@@ -1011,6 +1033,10 @@ class TuningSession:
                 f"the stored auto-tune decision ({decision.setting.label}) was made for {decision.original.label}, "
                 f"but the train loader now has {current.label}: your settings are kept."
             )
+            return
+        crosses = (decision.num_workers == 0) != (current.num_workers == 0)
+        if crosses and self._port is not None and not _main_process_keeps_order(self._port, loader):
+            self._say(f"the stored auto-tune decision ({decision.setting.label}) is not applied: {_SIDE_KEPT}.")
             return
         apply_settings(
             loader,
@@ -1070,6 +1096,21 @@ class TuningSession:
     def _progress(self, message: str) -> None:
         if self._port is not None:
             self._port.info(f"LoadGuard auto-tune: {message}")
+
+
+_SIDE_KEPT = (
+    "the loop builds each epoch's iterator twice where it reloads the loaders and drops the first unread "
+    "(reload_dataloaders_every_n_epochs), and the shuffle order is drawn as a run of the sampler starts: as the "
+    "iterator is built where workers load, at the first batch in the main process, so moving loading across "
+    "num_workers=0 would change later epochs' order"
+)
+
+
+def _main_process_keeps_order(port: TrainerPort, loader: DataLoader) -> bool:
+    """Whether moving ``loader``'s loading across ``num_workers=0`` keeps every epoch's order (see
+    :func:`~lightning_loadguard.position.switch.order_drawn_at_start`): the loop drops no iterator unread, or the
+    order is drawn from nothing as a run starts."""
+    return not (port.drops_unread_iterators and order_drawn_at_start(loader))
 
 
 def _stored_cores(stored: Any) -> CoresUse | None:
