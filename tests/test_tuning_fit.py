@@ -702,7 +702,8 @@ def test_workers_that_take_long_to_start_are_kept_across_epochs() -> None:
     # Each worker starts in 0.5 s (its init function) after a fork that takes milliseconds; an epoch runs
     # about 5 s. The start-up the tuner weighs is the fork and the workers' start after it, however much of it
     # the loop trained through, so the init alone makes it more than persistent_min_share of an epoch. The
-    # first decision is the one checked (no re-tune after it).
+    # first decision is the one checked (no re-tune after it). Persistence is weighed whatever the verdict: on a
+    # busy host the counts can measure apart by less than the noise, and the start cost still holds.
     pl.seed_everything(11, verbose=False)
     loader = timed_loader(
         TimedDataset(4000, sample_s=0.003), batch_size=4, num_workers=1, shuffle=True, worker_init_fn=_slow_start
@@ -710,7 +711,7 @@ def test_workers_that_take_long_to_start_are_kept_across_epochs() -> None:
     options = replace(FAST, tune_persistent_workers=True, retune=False)
     _, guard, trainer = fit(loader, options)
     decision = guard.decision
-    assert decision is not None and decision.verdict == "improved", decision and decision.table()
+    assert decision is not None and decision.verdict in ("improved", "no_gain"), decision and decision.table()
     assert guard._tuner is not None
     assert guard._tuner._session._startup_cost_s() >= 0.5
     assert decision.persistent_workers and trainer.train_dataloader.persistent_workers
