@@ -180,6 +180,7 @@ def test_worker_start_up_each_epoch_asks_for_persistent_workers_and_says_what_it
     assert f"{saved:.3g} s per epoch" in finding.fix
 
 
+@pytest.mark.slow
 def test_worker_launch_each_short_epoch_asks_for_persistent_workers() -> None:
     # Without an init function the launch itself is the cost. A forked worker starts in 5 to 20 ms depending
     # on the host, too close to any share line to test against; a spawned one (macOS's default, and what CUDA

@@ -41,6 +41,7 @@ def test_quick_start(tmp_path: Path) -> None:
         assert re.search(r"verdict: (producer_deficit|bursty)", out), out
 
 
+@pytest.mark.slow
 def test_image_pipeline_is_cpu_bound_in_the_loader(tmp_path: Path) -> None:
     out = _run(
         "image_pipeline.py", "--images", "96", "--size", "192", "--epochs", "1", "--logdir", "logs", cwd=tmp_path
@@ -89,11 +90,13 @@ def _loader_example(out: str) -> None:
     assert "every sample exactly once in each of 2 epochs: True" in out, out
 
 
+@pytest.mark.slow
 @_needs("hf_stream")
 def test_hugging_face_streaming_example(tmp_path: Path) -> None:
     _loader_example(_run("hf_datasets_loader.py", "--streaming", "--samples", "128", cwd=tmp_path))
 
 
+@pytest.mark.slow
 @_needs("webdataset")
 def test_webdataset_example_keeps_the_workers_and_says_why(tmp_path: Path) -> None:
     out = _run("webdataset_loader.py", "--samples", "256", cwd=tmp_path)
@@ -101,6 +104,7 @@ def test_webdataset_example_keeps_the_workers_and_says_why(tmp_path: Path) -> No
     assert "(model_only): the train loader reads a WebDataset pipeline" in out
 
 
+@pytest.mark.slow
 @_needs("litdata")
 def test_litdata_example_keeps_the_workers_and_says_why(tmp_path: Path) -> None:
     out = _run("litdata_loader.py", "--samples", "256", cwd=tmp_path)

@@ -124,16 +124,13 @@ def _fit(
     return module.seen, guard, clock
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [
         pytest.param(OPTIONS, id="fresh-workers"),
         # Persistent workers chosen on the re-tune keep the later epochs' orders too (the seed draws torch skips).
-        pytest.param(
-            TuneOptions(warmup_steps=2, window_steps=6, persistent_min_share=0.0),
-            id="persistent",
-            marks=pytest.mark.slow,
-        ),
+        pytest.param(TuneOptions(warmup_steps=2, window_steps=6, persistent_min_share=0.0), id="persistent"),
     ],
 )
 def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_faster(
@@ -216,7 +213,8 @@ class OtherWorkFrom(pl.Callback):
 OTHER_CORES = 8.0
 
 
-@pytest.mark.parametrize("on", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("on", [True, False])
 def test_other_work_taking_the_cores_is_probed_again_where_retune_on_other_work_is_on(
     monkeypatch: pytest.MonkeyPatch, on: bool
 ) -> None:

@@ -86,6 +86,7 @@ def test_a_watch_blind_to_changes_fails_the_checks() -> None:
     assert figures["matter_gain"] < GAIN_WHERE_IT_MATTERS, figures
 
 
+@pytest.mark.slow
 def test_reading_other_work_s_cores_finds_more_of_the_changes_that_matter(
     runs: tuple[list[Trial], list[dict[int, bool]]], figures: dict[str, float]
 ) -> None:

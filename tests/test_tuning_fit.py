@@ -353,7 +353,11 @@ def test_a_failing_probe_reverts_and_no_sample_is_lost() -> None:
 
 @pytest.mark.parametrize(
     ("step", "name", "fails_at"),
-    [("watching the steps", "watch", 1), ("planning the next probe", "record", 2), ("deciding", "decide", 1)],
+    [
+        ("watching the steps", "watch", 1),
+        pytest.param("planning the next probe", "record", 2, marks=pytest.mark.slow),
+        pytest.param("deciding", "decide", 1, marks=pytest.mark.slow),
+    ],
 )
 def test_a_tuner_step_that_fails_puts_the_users_settings_back_in_the_untuned_order(
     monkeypatch: pytest.MonkeyPatch, step: str, name: str, fails_at: int
