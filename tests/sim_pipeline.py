@@ -704,6 +704,7 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
                     sim.switch(following)
             opened = sim.consumed  # the next epoch starts its iterator (its workers again, unless persistent)
             continue
+        began = sim.step_end[-1] if sim.step_end else 0.0  # the switch, or the previous window's end
         sim.run(warm)
         mark = sim.consumed
         sim.run(steps)
@@ -713,7 +714,8 @@ def drive(sim: Sim, plan: Planner, options: TuneOptions) -> Tuned:
             window = sim.window(opened)
         windows += 1
         plan.budget = tuner_budget(window, options)
-        following = plan.record(window, startup_s=sim.startup_s or None)
+        span = sim.step_end[-1] - began if plan.current != plan.original else None
+        following = plan.record(window, startup_s=sim.startup_s or None, span_s=span)
         if following is None:
             decision = plan.decide()
         elif not plan.continuing:

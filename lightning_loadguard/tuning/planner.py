@@ -138,6 +138,7 @@ class Planner:
         )
         self.probe_steps = 0
         self.probe_time_s = 0.0
+        self._spent_s = 0.0  # the time the window being recorded took, its switch and warm-up included
         self.continuing = False
         """Whether :attr:`current` is the setting just measured, measured again without a restart."""
         # The setting whose workers run: measured again, it needs no restart.
@@ -202,7 +203,7 @@ class Planner:
         that fits (your settings measured again, where they could change the decision); ``None``: decide on what
         was measured."""
         self.continuing, self._running = False, None  # the next epoch starts its iterator afresh
-        if self.current == self.original or self.probe_steps + self.steps_for(self.current) <= self.budget_steps:
+        if self.current == self.original or self.spent_steps() + self.steps_for(self.current) <= self.budget_steps:
             return self.current
         self.probe_steps += ran
         proposal = self._next()
@@ -213,11 +214,19 @@ class Planner:
         return proposal.setting
 
     def record(
-        self, window: WindowSnapshot, failed: str | None = None, *, startup_s: float | None = None
+        self,
+        window: WindowSnapshot,
+        failed: str | None = None,
+        *,
+        startup_s: float | None = None,
+        span_s: float | None = None,
     ) -> LoaderSettings | None:
         """Store the window of :attr:`current` (``failed``: why the setting failed, if it did; ``startup_s``: what
-        starting its workers cost, where it was seen); return the next setting to measure (``None``: decide now)."""
+        starting its workers cost, where it was seen; ``span_s``: the time from the switch to it, or from the
+        previous window's end where it ran on, to this window's end, its restart and warm-up included, else the
+        window's own); return the next setting to measure (``None``: decide now)."""
         setting = self.current
+        self._spent_s = window.loop_s if span_s is None else span_s
         note = self.current_note
         self._running = setting
         if not failed:
@@ -248,7 +257,7 @@ class Planner:
         )
         if setting != self.original:
             self.probe_steps += self.steps_for(setting)
-            self.probe_time_s += window.loop_s
+            self.probe_time_s += self._spent_s
         if failed and setting == self.original:
             return None  # the user's own setting failing is the user's error to see, not ours to tune around
         proposal = self._next()
@@ -267,7 +276,7 @@ class Planner:
         if not self._affordable(setting):
             self.probe_steps -= spent  # counted with the window, in :meth:`record`
             return False
-        self.probe_time_s += window.loop_s if spent else 0.0
+        self.probe_time_s += self._spent_s if spent else 0.0
         self.arms.restart()
         self.continuing = True
         self.current_note = self.current_note.split("; ")[0] + "; its first window made no batch"
@@ -303,7 +312,13 @@ class Planner:
         steps = self.steps_for(setting, continuing=again)
         if sum(r.steps for r in self.results) + steps > self.epoch_steps * self.span_epochs:
             return False
-        return setting == self.original or self.probe_steps + steps <= self.budget_steps
+        return setting == self.original or self.spent_steps() + steps <= self.budget_steps
+
+    def spent_steps(self) -> float:
+        """What probing has spent of :attr:`budget_steps`: its steps (a probe that runs slower than yours, its
+        workers' start or a fill on busy cores, takes more time than its steps; ``benchmarks/probe_time.py``
+        measures how much, and what charging that time would cost the choice)."""
+        return float(self.probe_steps)
 
     def leader(self) -> Arm:
         """The fastest arm measured."""

@@ -502,10 +502,8 @@ class TuningSession:
                 "epochs hold every sample once in another order (TuneOptions(keep_random_draws=True) keeps "
                 "loading in the main process and every draw as without tuning)."
             )
-        span = ended - self._switch_started if planner.current != planner.original else 0.0
-        next_setting = planner.record(combined, failed=failed, startup_s=self._startup_cost_s())
-        if span:
-            planner.probe_time_s += span - combined.loop_s  # switch and warm-up cost time too
+        span = ended - self._switch_started if planner.current != planner.original else None
+        next_setting = planner.record(combined, failed=failed, startup_s=self._startup_cost_s(), span_s=span)
         if not failed:
             self._good = max(
                 ((s, m.sustained_rate) for s, m in planner.measurements.items()), key=lambda item: item[1]
