@@ -239,6 +239,21 @@ def test_a_window_with_no_rate_divides_nothing_and_is_never_beaten() -> None:
     assert planner.decide().setting == LoaderSettings(1, 2)
 
 
+def test_a_probe_costs_its_whole_span_its_switch_and_warm_up_included() -> None:
+    # Your settings' windows are free however long they took; a probe's time is from the switch to its window's end.
+    def probed(span_extra_s: float | None) -> Planner:
+        planner = Planner(LoaderSettings(1, 2), HostBudget(7, "cores"), FAST, epoch_steps=400)
+        assert planner.record(window(30.0, 0.010, 0.033), span_s=9.0) != LoaderSettings(1, 2)
+        probe = window(90.0, 0.010, 0.033)
+        planner.record(probe, span_s=None if span_extra_s is None else probe.loop_s + span_extra_s)
+        return planner
+
+    window_only, short, long = probed(None), probed(1.0), probed(3.0)
+    assert short.probe_time_s == pytest.approx(window_only.probe_time_s + 1.0)
+    assert long.probe_time_s == pytest.approx(window_only.probe_time_s + 3.0)
+    assert long.decide().probe_cost_s == pytest.approx(short.decide().probe_cost_s + 2.0)
+
+
 def test_compute_bound_keeps_the_settings_without_probing() -> None:
     # A window in which the loop hardly waited may have missed the bursts: your settings (free of probe steps)
     # are measured again, up to three windows, before the loop is called compute-bound.
