@@ -52,6 +52,24 @@ def test_all_ranks_apply_one_decision_and_keep_their_order(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_ranks_whose_own_readings_differ_plan_alike_from_rank_0s_figures(tmp_path: Path) -> None:
+    # Each rank's host readings, worker starts and clocks are its own (rank 1 here reads no free memory). A planner
+    # that planned from them would take other steps than rank 0's (a window ending elsewhere, a restart skipped, a
+    # decision where rank 0 probes on), and the ranks would meet in different collectives for good (a hang seen in
+    # CI). Every rank plans from rank 0's figures, window for window.
+    ranks = _fit(tmp_path, "rank_figures", timeout=120)
+    planned = [r["planned"] for r in ranks]
+    assert len(planned[0]) >= 2 and planned[0] == planned[1]
+    assert planned[0][0][0] != 1  # rank 0's own reading of its free RAM, on both ranks
+    decisions = [r["decision"] for r in ranks]
+    assert decisions[0] is not None and decisions[0] == decisions[1]
+    assert len(decisions[0]["candidates"]) >= 2
+    assert [r["workers"] for r in ranks] == [decisions[0]["num_workers"]] * 2
+    for rank, result in enumerate(ranks):
+        assert result["seen"] == _expected(rank, 0) + _expected(rank, 1)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "step"), [("window", "measuring the window"), ("record", "planning the next probe")])
 def test_a_tuner_step_that_fails_on_one_rank_stops_tuning_on_every_rank(tmp_path: Path, fault: str, step: str) -> None:
     # Rank 1's tuner fails at its second window. Had it stopped alone, rank 0 would wait for it in the tuner's

@@ -2,7 +2,9 @@
 
 An optional second argument makes LoadGuard's own work fail on rank 1 only: the tuner's at its second window,
 ``window`` (measuring it, before the ranks' gather) or ``record`` (planning, between the gather and the
-broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step. ``retune``
+broadcast); or ``summarise``, the reduction of the ranks' logged figures at its second logging step.
+``rank_figures`` makes rank 1 read its host's free RAM and ``/dev/shm`` as 1 byte each, where rank 0 reads its
+own, and each rank records what its planner planned from. ``retune``
 instead runs test_retune_fit.py's phased data, heavy from the first epoch after the decision, for
 :data:`RETUNE_EPOCHS` epochs: the tuner probes again.
 """
@@ -58,6 +60,33 @@ def _fail_on_rank_1(fault: str) -> None:
     setattr(owner, name, failing)
 
 
+PLANNED: list[list[Any]] = []
+"""Each window a planner recorded: its free RAM as read, what starting its workers cost and the probe's span."""
+
+
+def _no_memory_on_rank_1() -> None:
+    from lightning_loadguard.meters.monitor import LoaderMonitor
+    from lightning_loadguard.tuning.planner import Planner
+
+    record = Planner.record
+
+    def recorded(self: Planner, window: Any, *args: Any, **kwargs: Any) -> Any:
+        PLANNED.append([window.host.available_ram_bytes, kwargs.get("startup_s"), kwargs.get("span_s")])
+        return record(self, window, *args, **kwargs)
+
+    Planner.record = recorded  # type: ignore[method-assign]
+    if os.environ.get("LOCAL_RANK", "0") != "1":
+        return
+
+    snapshot = LoaderMonitor.snapshot
+
+    def full_host(self: LoaderMonitor, *args: Any, **kwargs: Any) -> Any:
+        window = snapshot(self, *args, **kwargs)
+        return replace(window, host=replace(window.host, available_ram_bytes=1, shm_free_bytes=1))
+
+    LoaderMonitor.snapshot = full_host  # type: ignore[method-assign]
+
+
 def main(out: str, fault: str | None = None) -> None:
     warnings.simplefilter("ignore")
     pl.seed_everything(11, verbose=False)
@@ -72,7 +101,9 @@ def main(out: str, fault: str | None = None) -> None:
         heavy = HeavyFrom(dataset, 1, guard, after_decision=True)
         trainer = quiet_trainer(max_epochs=RETUNE_EPOCHS, callbacks=[guard, heavy], devices=2, strategy="ddp")
     else:
-        if fault is not None:
+        if fault == "rank_figures":
+            _no_memory_on_rank_1()
+        elif fault is not None:
             from lightning_loadguard import LoadGuardWarning
 
             warnings.simplefilter("always", LoadGuardWarning)  # what the user is told is part of the check
@@ -88,7 +119,8 @@ def main(out: str, fault: str | None = None) -> None:
     decision = guard.decision.to_dict() if guard.decision else None
     with open(f"{out}.rank{trainer.global_rank}", "w") as f:
         workers = trainer.train_dataloader.num_workers
-        json.dump({"seen": module.seen, "decision": decision, "workers": workers, "calls": calls}, f)
+        record = {"seen": module.seen, "decision": decision, "workers": workers, "calls": calls, "planned": PLANNED}
+        json.dump(record, f)
 
 
 def _count_gathers(guard: LoadGuard, trainer: Any) -> dict[str, int]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -417,10 +418,10 @@ class TuningSession:
     def _end_window(self, port: TrainerPort) -> None:
         """The window is over: combine the ranks' figures, plan, agree, and switch to the next setting.
 
-        Under DDP the ranks meet in the tuner's collectives (the window's gather, the broadcasts of the next
-        setting and of the decision) in the same order; the local work between them runs through
-        :meth:`_together`, so that a failure on one rank stops every rank at the same point instead of leaving
-        the others waiting in the next collective.
+        Under DDP the ranks meet in the tuner's collectives (the window's gather, the broadcasts of the figures
+        planned from, of the next setting and of the decision) in the same order; the local work between them runs
+        through :meth:`_together`, so that a failure on one rank stops every rank at the same point instead of
+        leaving the others waiting in the next collective.
         """
         planner = self._planner
         assert planner is not None
@@ -436,10 +437,33 @@ class TuningSession:
                 drew = port.any_rank(drew)
                 reorders = drew and port.any_rank(reorders)
 
-        def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
-            combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
-            return self._plan(port, combined, failed_elsewhere, drew, reorders, now)
+        self._plan_window(port, local, rows, now, drew, reorders)
 
+    def _plan_window(
+        self,
+        port: TrainerPort,
+        local: WindowSnapshot,
+        rows: list[list[float]] | None,
+        ended: float,
+        drew: bool = False,
+        reorders: bool = False,
+    ) -> None:
+        """Combine the ranks' rows of the window that ended at ``ended``, plan from them, agree and go on."""
+        planner = self._planner
+        assert planner is not None
+
+        def figures() -> _PlanFigures:
+            combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
+            span = ended - self._switch_started if planner.current != planner.original else None
+            return _PlanFigures(combined, failed_elsewhere, self._startup_cost_s(), span)
+
+        plan_figures = self._together(port, "combining the ranks' windows", figures)
+        if port.world_size > 1:
+            # Every rank's planner must take the same steps (where windows end, whether a setting restarts, when to
+            # decide), so every rank plans from rank 0's figures: the host readings and worker starts in them are
+            # each rank's own.
+            plan_figures = port.broadcast(plan_figures)
+        plan = partial(self._plan, port, plan_figures, drew, reorders)
         self._go_on(port, *self._together(port, "planning the next probe", plan))
 
     def _go_on(self, port: TrainerPort, final: TuneDecision | None, next_setting: LoaderSettings | None) -> None:
@@ -466,19 +490,14 @@ class TuningSession:
         return True, streams is None or bool(streams & draws.streams)
 
     def _plan(
-        self,
-        port: TrainerPort,
-        combined: WindowSnapshot,
-        failed_elsewhere: bool,
-        drew: bool,
-        reorders: bool,
-        ended: float,
+        self, port: TrainerPort, figures: _PlanFigures, drew: bool, reorders: bool
     ) -> tuple[TuneDecision | None, LoaderSettings | None]:
         """The window recorded: a decision made without probing, or the next setting to measure (``None``:
         decide)."""
         planner = self._planner
         assert planner is not None
-        failed = self._fault or ("failed on another rank" if failed_elsewhere else None)
+        combined = figures.combined
+        failed = self._fault or ("failed on another rank" if figures.failed_elsewhere else None)
         if not failed:
             # The cores are budgeted with the latest good window's CPU figures, as the diagnosis does.
             self._window = combined
@@ -502,8 +521,7 @@ class TuningSession:
                 "epochs hold every sample once in another order (TuneOptions(keep_random_draws=True) keeps "
                 "loading in the main process and every draw as without tuning)."
             )
-        span = ended - self._switch_started if planner.current != planner.original else None
-        next_setting = planner.record(combined, failed=failed, startup_s=self._startup_cost_s(), span_s=span)
+        next_setting = planner.record(combined, failed=failed, startup_s=figures.startup_s, span_s=figures.span_s)
         if not failed:
             self._good = max(
                 ((s, m.sustained_rate) for s, m in planner.measurements.items()), key=lambda item: item[1]
@@ -937,12 +955,7 @@ class TuningSession:
     def _plan_running(self, port: TrainerPort, running: WindowSnapshot) -> None:
         """The re-tune's first window: the running setting's windows the watch read (combined across ranks)."""
         local, rows = self._gathered_window(port, lambda: running)
-
-        def plan() -> tuple[TuneDecision | None, LoaderSettings | None]:
-            combined, failed_elsewhere = (local, False) if rows is None else self._window_ranks().combine(local, rows)
-            return self._plan(port, combined, failed_elsewhere, False, False, time.perf_counter())
-
-        self._go_on(port, *self._together(port, "planning the next probe", plan))
+        self._plan_window(port, local, rows, time.perf_counter())
 
     def _at_epoch_end(self, port: TrainerPort) -> bool:
         # The epoch's last fetch also ends the iterator: Lightning fetches one batch ahead, so the last step's wait
@@ -1094,6 +1107,16 @@ class TuningSession:
     def _progress(self, message: str) -> None:
         if self._port is not None:
             self._port.info(f"LoadGuard auto-tune: {message}")
+
+
+class _PlanFigures(NamedTuple):
+    """What the planner records of a window: the ranks' combined window, whether the setting failed on another
+    rank, what starting its workers cost and the probe's span (see :meth:`Planner.record`)."""
+
+    combined: WindowSnapshot
+    failed_elsewhere: bool
+    startup_s: float | None
+    span_s: float | None
 
 
 _SIDE_KEPT = (
