@@ -545,22 +545,31 @@ def order_drawn_at_start(loader: DataLoader) -> bool:
 
 
 def _draws_at_start(sampler: object) -> bool:
-    while isinstance(sampler, (OrderTap, _StandIn)):
-        sampler = sampler.inner
-    kind = type(sampler)
-    if kind is BatchSampler:
-        return _draws_at_start(sampler.sampler)  # type: ignore[attr-defined]
-    fixed = kind in (SequentialSampler, DistributedSampler)
-    return not (fixed or isinstance(sampler, (PlannedSampler, PlannedBatchSampler)))
+    return not _fixed_order(_order_source(sampler))
+
+
+def _order_source(sampler: object) -> object:
+    """The sampler that orders ``sampler``'s runs: the package's stand-ins and a plain ``BatchSampler`` looked
+    through."""
+    while True:
+        if isinstance(sampler, (OrderTap, _StandIn)):
+            sampler = sampler.inner
+        elif type(sampler) is BatchSampler:
+            sampler = sampler.sampler
+        else:
+            return sampler
+
+
+def _fixed_order(sampler: object) -> bool:
+    """Whether ``sampler`` orders its runs from no random source (its seed and epoch, or none)."""
+    fixed = type(sampler) in (SequentialSampler, DistributedSampler)
+    return fixed or isinstance(sampler, (PlannedSampler, PlannedBatchSampler))
 
 
 def _streams_of(sampler: object) -> frozenset[str] | None:
-    while isinstance(sampler, (OrderTap, _StandIn)):
-        sampler = sampler.inner
+    sampler = _order_source(sampler)
     kind = type(sampler)
-    if kind is BatchSampler:
-        return _streams_of(sampler.sampler)  # type: ignore[attr-defined]
-    if kind in (SequentialSampler, DistributedSampler) or isinstance(sampler, (PlannedSampler, PlannedBatchSampler)):
+    if _fixed_order(sampler):
         return frozenset()
     if kind in _DRAWS_FROM_TORCH:
         return frozenset() if sampler.generator is not None else frozenset({"torch"})  # type: ignore[attr-defined]
