@@ -64,7 +64,7 @@ PLANNED: list[list[Any]] = []
 """Each window a planner recorded: its free RAM as read, what starting its workers cost and the probe's span."""
 
 
-def _no_memory_on_rank_1() -> None:
+def _record_plans_and_empty_rank_1s_memory() -> None:
     from lightning_loadguard.meters.monitor import LoaderMonitor
     from lightning_loadguard.tuning.planner import Planner
 
@@ -102,7 +102,7 @@ def main(out: str, fault: str | None = None) -> None:
         trainer = quiet_trainer(max_epochs=RETUNE_EPOCHS, callbacks=[guard, heavy], devices=2, strategy="ddp")
     else:
         if fault == "rank_figures":
-            _no_memory_on_rank_1()
+            _record_plans_and_empty_rank_1s_memory()
         elif fault is not None:
             from lightning_loadguard import LoadGuardWarning
 
