@@ -198,6 +198,31 @@ def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_
         assert any(n.startswith("auto-tuning is off: the loop builds each epoch's iterator twice") for n in guard._said)
 
 
+def test_a_switch_at_an_epochs_last_step_leaves_the_next_epoch_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With 24 steps an epoch the scripted windows end the user's settings' window on epoch 0's last step and the
+    # search switches to the main process there, after the loop's fetch ahead ended the epoch: the new iterator is
+    # never read. The next epoch once continued its spent run and trained nothing (a whole epoch lost, silently).
+    monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins)
+    switch = session_module.TuningSession._switch
+    at_last_step: list[bool] = []
+
+    def recorded(self: Any, port: Any, setting: Any) -> None:
+        at_last_step.append(port.consumed_in_epoch() == port.epoch_steps(self._loader))
+        switch(self, port, setting)
+
+    monkeypatch.setattr(session_module.TuningSession, "_switch", recorded)
+
+    def shuffled() -> DataLoader:
+        pl.seed_everything(11, verbose=False)
+        return timed_loader(TimedDataset(96, sample_s=0.0001), batch_size=4, num_workers=1, shuffle=True)
+
+    untuned, _, _ = fit(shuffled(), False, step_s=0.001, epochs=3)
+    tuned, guard, _ = fit(shuffled(), FAST, step_s=0.001, epochs=3)
+    assert any(at_last_step), at_last_step  # the case under test happened
+    assert tuned == untuned
+    assert guard.decision is not None and guard.decision.num_workers == 0, guard.decision
+
+
 def test_a_stored_decision_across_num_workers_0_is_not_applied_where_the_loop_reloads_the_loaders(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

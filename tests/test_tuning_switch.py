@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,13 +25,18 @@ def _reference(**kwargs) -> tuple[list[list[int]], list[list[int]], torch.Tensor
     return first, second, torch.rand(3)
 
 
+def _tapped(workers: int) -> tuple[DataLoader, OrderTap, Any]:
+    """The reference's loader, seeded alike, with a tap and a running iterator."""
+    torch.manual_seed(3)
+    loader = DataLoader(list(range(60)), batch_size=4, shuffle=True, num_workers=workers)
+    tap = OrderTap.install(loader)
+    return loader, tap, iter(loader)
+
+
 @pytest.mark.parametrize("start_workers", [0, 2])
 def test_switches_keep_the_order_and_the_next_epochs(start_workers: int) -> None:
     first, second, after = _reference(num_workers=start_workers)
-    torch.manual_seed(3)
-    loader = DataLoader(list(range(60)), batch_size=4, shuffle=True, num_workers=start_workers)
-    tap = OrderTap.install(loader)
-    it = iter(loader)
+    loader, tap, it = _tapped(start_workers)
     got = [next(it).tolist() for _ in range(3)]
     it = restart_iterator(loader, tap, 3, old_iterator=it, num_workers=2, prefetch_factor=3)
     got += [next(it).tolist() for _ in range(4)]
@@ -41,6 +47,26 @@ def test_switches_keep_the_order_and_the_next_epochs(start_workers: int) -> None
     tap.remove(loader)
     assert got == first
     assert _batches(loader) == second  # the next epoch draws the same permutation as without switching
+    assert torch.equal(torch.rand(3), after)
+
+
+@pytest.mark.parametrize(("start_workers", "new_workers"), [(1, 0), (0, 0), (1, 1), (0, 1)])
+def test_a_restart_at_an_epochs_last_batch_that_is_never_read_leaves_the_next_epoch_whole(
+    start_workers: int, new_workers: int
+) -> None:
+    # Lightning fetches one batch ahead: the epoch's last step finds the iterator already ended, and a switch made
+    # then builds an iterator the loop never reads. An in-process one had not started its run; the next epoch's
+    # iter() continued the spent run and came back empty, silently losing the whole epoch.
+    first, second, after = _reference(num_workers=start_workers)
+    loader, tap, it = _tapped(start_workers)
+    got = [next(it).tolist() for _ in range(15)]
+    with pytest.raises(StopIteration):
+        next(it)  # the loop's fetch ahead
+    unread = restart_iterator(loader, tap, 15, old_iterator=it, num_workers=new_workers)
+    assert _batches(loader) == second  # the next epoch, whole and in the untuned order
+    del unread
+    tap.remove(loader)
+    assert got == first
     assert torch.equal(torch.rand(3), after)
 
 

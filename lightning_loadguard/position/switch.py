@@ -110,18 +110,28 @@ class OrderTap:
             del loader.__dict__[_TAP_ATTR]
 
     def resume_after(self, consumed: int) -> None:
-        """Make the next ``iter()`` continue the current run right after ``consumed`` batches."""
+        """Make the ``iter()`` calls until :meth:`resumed` continue the current run right after ``consumed``
+        batches."""
         if not 0 <= consumed <= len(self.drawn):
             raise ValueError(f"consumed must be in [0, {len(self.drawn)}] (batches drawn so far), got {consumed}")
         if self._source is None:
             raise RuntimeError("no run to continue: the tapped sampler was never iterated")
         self._replay = self.drawn.since(consumed)
 
+    def resumed(self) -> None:
+        """The iterator that continues the run is built: later ``iter()`` calls start new runs.
+
+        An iterator built at an epoch's last batch may never be read (the loop's fetch ahead already ended the
+        epoch); the next epoch's ``iter()`` must then start the user's sampler afresh, not continue the spent run.
+        """
+        self._replay = None
+
     def __iter__(self) -> Iterator[Any]:
         # torch calls iter() on the index sampler twice when it builds a worker iterator and drops the first
         # result unstarted; the generators below therefore act on their first next(), never at creation.
         if self._replay is not None:
-            return self._continue()
+            assert self._source is not None
+            return self._continue(self._replay, self._source)
         # The user's sampler is asked for a run exactly when the untuned loader would ask it.
         return self._record(iter(self.inner))
 
@@ -133,10 +143,7 @@ class OrderTap:
                 self.drawn.append(item)
             yield item
 
-    def _continue(self) -> Iterator[Any]:
-        replay, self._replay = self._replay or [], None
-        source = self._source
-        assert source is not None
+    def _continue(self, replay: list[Any], source: Iterator[Any]) -> Iterator[Any]:
         yield from replay
         for item in source:
             if self.recording:
@@ -437,6 +444,8 @@ def restart_iterator(
         # it below so the next epoch reuses its workers as usual.
         iterator = _torch.new_iterator(loader)
     finally:
+        if isinstance(order, OrderTap):
+            order.resumed()
         if generator is not None:
             generator.set_state(state)
         else:
