@@ -218,10 +218,13 @@ OTHER_CORES = 8.0
 def test_other_work_taking_the_cores_is_probed_again_where_retune_on_other_work_is_on(
     monkeypatch: pytest.MonkeyPatch, on: bool
 ) -> None:
-    # The loop's wait does not change (the data phase stays light): only the cores other work used do. What the
-    # CPU meter reads on this host is replaced by a scripted host, so that the test's own load does not decide.
+    # Only the cores other work used change, so that the test's own load does not decide: what the CPU meter reads
+    # on this host is replaced by a scripted host, and the watch's data side is held still (the data phase stays
+    # light, but a busy host makes the loop wait, a data-side change that re-tunes whatever this option says; the
+    # heavier-phase test above checks that side).
     other = OtherWorkFrom(epoch=1)
     monkeypatch.setattr(watch_module.CoresUse, "of", classmethod(lambda cls, window: other.cores_of(window)))
+    monkeypatch.setattr(watch_module.DecisionWatch, "_data_side_changed", lambda self, window: False)
     options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False, retune_on_other_work=on)
     pl.seed_everything(5, verbose=False)
     untuned, _, _ = _fit(False, heavy_from=-1, step_s=0.0, epochs=3)
@@ -238,6 +241,7 @@ def test_other_work_taking_the_cores_is_probed_again_where_retune_on_other_work_
         return
     assert decision.retunes >= 1, decision.table()
     assert "other work on the host went from 0.0 to 8.0 cores over 3 windows" in decision.retuned, decision.retuned
+    assert "could win back grew" not in decision.retuned, decision.retuned
     assert any("other work on the host went from" in message for message in said), said
 
 
