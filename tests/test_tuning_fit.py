@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import random
@@ -198,6 +199,18 @@ def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_
         assert any(n.startswith("auto-tuning is off: the loop builds each epoch's iterator twice") for n in guard._said)
 
 
+def _shuffled(steps: int) -> DataLoader:
+    """A shuffled loader of ``steps`` batches of 4 that hardly costs anything to make."""
+    pl.seed_everything(11, verbose=False)
+    return timed_loader(TimedDataset(4 * steps, sample_s=0.0001), batch_size=4, num_workers=1, shuffle=True)
+
+
+@functools.cache
+def _untuned(steps: int) -> list[int]:
+    """What three epochs of :func:`_shuffled` train without tuning."""
+    return fit(_shuffled(steps), False, step_s=0.001, epochs=3)[0]
+
+
 def test_a_switch_at_an_epochs_last_step_leaves_the_next_epoch_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # With 24 steps an epoch the scripted windows end the user's settings' window on epoch 0's last step and the
     # search switches to the main process there, after the loop's fetch ahead ended the epoch: the new iterator is
@@ -212,15 +225,27 @@ def test_a_switch_at_an_epochs_last_step_leaves_the_next_epoch_whole(monkeypatch
 
     monkeypatch.setattr(session_module.TuningSession, "_switch", recorded)
 
-    def shuffled() -> DataLoader:
-        pl.seed_everything(11, verbose=False)
-        return timed_loader(TimedDataset(96, sample_s=0.0001), batch_size=4, num_workers=1, shuffle=True)
-
-    untuned, _, _ = fit(shuffled(), False, step_s=0.001, epochs=3)
-    tuned, guard, _ = fit(shuffled(), FAST, step_s=0.001, epochs=3)
+    tuned, guard, _ = fit(_shuffled(24), FAST, step_s=0.001, epochs=3)
     assert any(at_last_step), at_last_step  # the case under test happened
-    assert tuned == untuned
+    assert tuned == _untuned(24)
     assert guard.decision is not None and guard.decision.num_workers == 0, guard.decision
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [_main_process_wins, scripted_window], ids=["main_process_wins", "workers_win"])
+def test_every_epoch_length_around_the_tuners_windows_keeps_every_sample_and_order(
+    monkeypatch: pytest.MonkeyPatch, script: Any
+) -> None:
+    # Scripted windows make every fit take the same steps: over epochs of 8 to 40 steps, windows, switches and the
+    # decision land on every step of an epoch, its first and last included (the test above, at 24 steps, is one).
+    # Before the order tap bound its replay to the restart's own iterators, 24 and 34 steps lost an epoch.
+    monkeypatch.setattr(session_module.TuningSession, "_measured", script)
+    changed = []
+    for steps in range(8, 41):
+        tuned, guard, _ = fit(_shuffled(steps), FAST, step_s=0.001, epochs=3)
+        if tuned != _untuned(steps):
+            changed.append((steps, guard.decision and guard.decision.table()))
+    assert not changed, changed
 
 
 def test_a_stored_decision_across_num_workers_0_is_not_applied_where_the_loop_reloads_the_loaders(
