@@ -213,8 +213,8 @@ def _untuned(steps: int) -> list[int]:
 
 def test_a_switch_at_an_epochs_last_step_leaves_the_next_epoch_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # With 24 steps an epoch the scripted windows end the user's settings' window on epoch 0's last step and the
-    # search switches to the main process there, after the loop's fetch ahead ended the epoch: the new iterator is
-    # never read. The next epoch once continued its spent run and trained nothing (a whole epoch lost, silently).
+    # search switches to the main process there: Lightning never reads the new iterator (it stops a sized loader at
+    # its length). The next epoch once continued its spent run and trained nothing (a whole epoch lost, silently).
     monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins)
     switch = session_module.TuningSession._switch
     at_last_step: list[bool] = []

@@ -121,8 +121,9 @@ class OrderTap:
     def resumed(self) -> None:
         """The iterator that continues the run is built: later ``iter()`` calls start new runs.
 
-        An iterator built at an epoch's last batch may never be read (the loop's fetch ahead already ended the
-        epoch); the next epoch's ``iter()`` must then start the user's sampler afresh, not continue the spent run.
+        An iterator built after an epoch's last batch is never read (Lightning stops a sized loader at its length
+        without another ``next()``); the next epoch's ``iter()`` must start the user's sampler afresh, not continue
+        the spent run.
         """
         self._replay = None
 
