@@ -66,6 +66,7 @@ def test_two_process_ddp_reports_the_slow_rank(tmp_path: Path) -> None:
     assert worst in rank0["straggler"].values()
 
 
+@pytest.mark.slow
 def test_each_rank_reports_its_own_host_summed_from_every_ranks_loader(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

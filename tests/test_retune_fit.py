@@ -183,6 +183,7 @@ def test_a_heavier_data_phase_is_probed_again_in_the_untuned_order_and_runs_fast
     assert clock.rate_of_last(30) > 1.3 * ceiling, (clock.rate_of_last(30), first.table(), decision.table())
 
 
+@pytest.mark.slow
 def test_retune_false_decides_once() -> None:
     # Fifty steps of the heavy phase: three logging windows after the warm-up, where the re-tuning fit probes again.
     options = TuneOptions(warmup_steps=2, window_steps=6, tune_persistent_workers=False, retune=False)

@@ -232,14 +232,14 @@ def test_a_switch_at_an_epochs_last_step_leaves_the_next_epoch_whole(monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [_main_process_wins, scripted_window], ids=["main_process_wins", "workers_win"])
 def test_every_epoch_length_around_the_tuners_windows_keeps_every_sample_and_order(
-    monkeypatch: pytest.MonkeyPatch, script: Any
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Scripted windows make every fit take the same steps: over epochs of 8 to 40 steps, windows, switches and the
-    # decision land on every step of an epoch, its first and last included (the test above, at 24 steps, is one).
-    # Before the order tap bound its replay to the restart's own iterators, 24 and 34 steps lost an epoch.
-    monkeypatch.setattr(session_module.TuningSession, "_measured", script)
+    # Scripted windows make every fit take the same steps: over epochs of 8 to 40 steps, windows, switches (to the
+    # main process and back to workers) and the decision land on every step of an epoch, its first and last
+    # included (the test above, at 24 steps, is one). Before the order tap bound its replay to the restart's own
+    # iterators, 24 and 34 steps lost an epoch.
+    monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins)
     changed = []
     for steps in range(8, 41):
         tuned, guard, _ = fit(_shuffled(steps), FAST, step_s=0.001, epochs=3)
