@@ -958,9 +958,10 @@ class TuningSession:
         self._plan_window(port, local, rows, time.perf_counter())
 
     def _at_epoch_end(self, port: TrainerPort) -> bool:
-        # The epoch's last fetch also ends the iterator: Lightning fetches one batch ahead, so the last step's wait
-        # holds the exhausting next(), in which torch joins each worker of a non-persistent iterator, a cost that
-        # grows with the workers. Once an epoch, not a change: that window is left for the next epoch's.
+        # No window is read on an epoch's last step: it is left for the next epoch's. Whether that pays is not
+        # measured: Lightning stops a sized loader at its length without another next() (2.6.6), so the last step's
+        # wait holds no join of the workers, and its fetch reads as long as the others'. tests/sim_retune.py's
+        # logged windows model the rule; benchmarks/retune_sweep.py --log-every is where it is to be weighed.
         steps = port.epoch_steps(self._loader)
         return steps is not None and port.consumed_in_epoch() >= steps
 
