@@ -171,6 +171,12 @@ def _main_process_wins(self: Any, port: Any, start: Any) -> WindowSnapshot:
     )
 
 
+def _shuffled(steps: int, workers: int = 1) -> DataLoader:
+    """A shuffled loader of ``steps`` batches of 4 that hardly costs anything to make."""
+    pl.seed_everything(11, verbose=False)
+    return timed_loader(TimedDataset(4 * steps, sample_s=0.0001), batch_size=4, num_workers=workers, shuffle=True)
+
+
 @pytest.mark.parametrize(("workers", "reload"), [(1, 0), (1, 1), (0, 0), (0, 1)])
 def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_epochs_order(
     monkeypatch: pytest.MonkeyPatch, workers: int, reload: int
@@ -181,12 +187,8 @@ def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_
     # scripted windows make the other side of num_workers=0 faster than the user's.
     monkeypatch.setattr(session_module.TuningSession, "_measured", _main_process_wins if workers else scripted_window)
 
-    def shuffled() -> DataLoader:
-        pl.seed_everything(11, verbose=False)
-        return timed_loader(TimedDataset(480, sample_s=0.0001), batch_size=4, num_workers=workers, shuffle=True)
-
-    untuned, _, _ = fit(shuffled(), False, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
-    tuned, guard, _ = fit(shuffled(), FAST, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
+    untuned, _, _ = fit(_shuffled(120, workers), False, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
+    tuned, guard, _ = fit(_shuffled(120, workers), FAST, step_s=0.001, reload_dataloaders_every_n_epochs=reload)
     assert tuned == untuned
     decision = guard.decision
     if not reload:  # where nothing is dropped unread, the other side is chosen
@@ -197,12 +199,6 @@ def test_reloaded_loaders_keep_loading_on_their_side_of_num_workers_0_and_every_
     else:
         assert decision is None
         assert any(n.startswith("auto-tuning is off: the loop builds each epoch's iterator twice") for n in guard._said)
-
-
-def _shuffled(steps: int) -> DataLoader:
-    """A shuffled loader of ``steps`` batches of 4 that hardly costs anything to make."""
-    pl.seed_everything(11, verbose=False)
-    return timed_loader(TimedDataset(4 * steps, sample_s=0.0001), batch_size=4, num_workers=1, shuffle=True)
 
 
 @functools.cache
