@@ -129,7 +129,8 @@ class OrderTap:
 
     def __iter__(self) -> Iterator[Any]:
         # torch calls iter() on the index sampler twice when it builds a worker iterator and drops the first
-        # result unstarted; the generators below therefore act on their first next(), never at creation.
+        # result unstarted: every iter() until resumed() gets the replay, and the generators below act on their
+        # first next(), never at creation.
         if self._replay is not None:
             assert self._source is not None
             return self._continue(self._replay, self._source)
