@@ -86,8 +86,8 @@ def logged_windows(sim: Sim, plan: Planner, warmup: int, every: int) -> Iterator
     """Windows as the session cuts them in a fit, where it reads them at the logging steps alone (every ``every``
     steps of the fit: Lightning's ``log_every_n_steps``): the first mark at a logging step ``warmup`` steps after
     the decision and into the epoch, a window cut at the first logging step ``plan.window_steps`` or more after the
-    mark but the epoch's last step, the next marked there; a new epoch marks afresh. Ends where three epochs in a
-    row held no window (the logging steps frame none in an epoch this short)."""
+    mark, the next marked there; a new epoch marks afresh. Ends where three epochs in a row held no window (the
+    logging steps frame none in an epoch this short)."""
     epoch_steps = sim.p.epoch_steps
     start = sim.consumed + warmup
     epoch, mark, cut, empty = (sim.consumed - 1) // epoch_steps, None, True, 0
@@ -101,7 +101,7 @@ def logged_windows(sim: Sim, plan: Planner, warmup: int, every: int) -> Iterator
         if mark is None:
             if in_epoch >= warmup and sim.consumed >= start:
                 mark = sim.consumed
-        elif sim.consumed - mark >= plan.window_steps and in_epoch < epoch_steps:
+        elif sim.consumed - mark >= plan.window_steps:
             window = sim.window(mark)
             mark, cut = sim.consumed, True
             yield window

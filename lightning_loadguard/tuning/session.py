@@ -946,7 +946,7 @@ class TuningSession:
             if port.consumed_in_epoch() >= self.options.warmup_steps and total >= self._watch_from:
                 self._watch_mark = self.monitor.mark()
             return None
-        if total - self._watch_mark.steps < steps or self._at_epoch_end(port):
+        if total - self._watch_mark.steps < steps:
             return None
         window = self._measured(port, self._watch_mark)
         self._watch_mark = self.monitor.mark()
@@ -956,14 +956,6 @@ class TuningSession:
         """The re-tune's first window: the running setting's windows the watch read (combined across ranks)."""
         local, rows = self._gathered_window(port, lambda: running)
         self._plan_window(port, local, rows, time.perf_counter())
-
-    def _at_epoch_end(self, port: TrainerPort) -> bool:
-        # No window is read on an epoch's last step: it is left for the next epoch's. Whether that pays is not
-        # measured: Lightning stops a sized loader at its length without another next() (2.6.6), so the last step's
-        # wait holds no join of the workers, and its fetch reads as long as the others'. tests/sim_retune.py's
-        # logged windows model the rule; benchmarks/retune_sweep.py --log-every is where it is to be weighed.
-        steps = port.epoch_steps(self._loader)
-        return steps is not None and port.consumed_in_epoch() >= steps
 
     def _start_retune(self, port: TrainerPort) -> bool:
         """Probe again from the running setting: over the rest of the epoch the change was found in where that
