@@ -70,7 +70,7 @@ latest step's period): their cost per second of training stays bounded however s
 
 LOGGING_SHARE = 0.0005
 """Where LoadGuard follows the trainer's logging cadence, its logging steps (the window, the diagnosis, the
-collective, the logs: about a millisecond of CPU) take at most this share of the training's time: on
+collective, the logs: up to 2 ms of CPU) take at most this share of the training's time: on
 steps so short that they would take more, it logs on every k-th of the trainer's logging steps, at the smallest
 k that keeps within it (paced by the costliest rank's latest logging step, the same on every rank), and on at
 least one in ``MAX_LOGGING_STRIDE``."""

@@ -262,12 +262,14 @@ def test_loadguards_own_cpu_time_per_step_stays_within_its_share(
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_logging_step_costs_about_a_millisecond_of_cpu(num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/api.md: LoadGuard's logging steps cost "about a millisecond of CPU each". Timed here, on the test's
-    own clock (``time.thread_time`` around each ``_publish``: the window, the diagnosis, the combining, the
-    logs), at the trainer's default cadence (every 50 steps) with the largest default window (100 steps): the
-    cheapest of them at most twice that figure. The cheapest, since contention inflates a thread's CPU time too
-    (caches and cores shared), and the spinning processes beside CI's timing tests would move a median."""
+def test_a_logging_step_costs_at_most_two_milliseconds_of_cpu(
+    num_workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/api.md: LoadGuard's logging steps cost "up to 2 ms of CPU each, on a core of its own". Timed here, on
+    the test's own clock (``time.thread_time`` around each ``_publish``: the window, the diagnosis, the combining,
+    the logs), at the trainer's default cadence (every 50 steps) with the largest default window (100 steps): the
+    cheapest of them at most 2 ms. The cheapest, since contention inflates a thread's CPU time too (caches and
+    cores shared), and the spinning processes beside CI's timing tests would move a median."""
     spent: list[float] = []
     publish = LoadGuard._publish
 
