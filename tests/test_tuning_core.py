@@ -16,9 +16,10 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import HostFacts, WindowSnapshot, cpu_share
 from lightning_loadguard.model.budget import HostBudget, host_budget
 from lightning_loadguard.model.capacity import recommend_prefetch, replayed_wait
+from lightning_loadguard.model.tail import Tail
 from lightning_loadguard.tuning.arms import Arm, beats, gain
 from lightning_loadguard.tuning.decision import TuneDecision
-from lightning_loadguard.tuning.depth import model_only_decision
+from lightning_loadguard.tuning.depth import model_only_decision, tail_widened
 from lightning_loadguard.tuning.options import TuneOptions
 from lightning_loadguard.tuning.persistence import WorkerStarts
 from lightning_loadguard.tuning.planner import Planner
@@ -1190,12 +1191,16 @@ def _pareto_times(index: float, mean_s: float, count: int) -> tuple[float, ...]:
 
 
 def _decide_on_times(
-    production_s: tuple[float, ...], cpu_share: float, candidates: float, budget: HostBudget
+    production_s: tuple[float, ...],
+    cpu_share: float,
+    candidates: float,
+    budget: HostBudget,
+    original: LoaderSettings | None = None,
 ) -> tuple[Planner, TuneDecision]:
-    """Drive a planner from 1 worker: your windows read 40 steps/s, every other setting ``candidates``, the loop's
-    step 10 ms; each window's workers made ``production_s``, ``cpu_share`` of it on a core. The planner and its
-    decision."""
-    planner = Planner(LoaderSettings(1, 2), budget, NOISY, epoch_steps=2000)
+    """Drive a planner from ``original`` (else 1 worker at depth 2): your windows read 40 steps/s, every other setting
+    ``candidates``, the loop's step 10 ms; each window's workers made ``production_s``, ``cpu_share`` of it on a
+    core. The planner and its decision."""
+    planner = Planner(original or LoaderSettings(1, 2), budget, NOISY, epoch_steps=2000)
     proposal: LoaderSettings | None = planner.original
     while proposal is not None:
         rate = 40.0 if proposal == planner.original else candidates
@@ -1284,6 +1289,60 @@ def test_kept_settings_whose_workers_keep_up_get_the_depth_the_reads_tail_asks_f
     assert computed.setting.same_loader(computed.original) and "tail" not in computed.reason, computed.table()
     steady = decide((0.05,) * 24, 0.02)
     assert steady.setting.same_loader(steady.original) and "tail" not in steady.reason, steady.table()
+
+
+def _workers_covering(index: float, threshold_s: float, share: float, period_s: float, depth: int) -> int:
+    """The fewest workers whose ``depth`` batches each, one per step of ``period_s``, cover a Pareto tail (``share``
+    of the reads from ``threshold_s`` on, of ``index``) so that the loop waits under 2 % of its time, solved in closed
+    form: ``E[max(0, X - c)] = share * threshold * (c / threshold) ** (1 - index) / (index - 1)`` at most
+    ``period * 0.02 / 0.98``."""
+    excess = period_s * 0.02 / 0.98
+    cover = threshold_s * (excess * (index - 1) / (share * threshold_s)) ** (1 / (1 - index))
+    return math.ceil(cover / (period_s * depth))
+
+
+def test_persistent_workers_grow_to_the_count_whose_batches_in_flight_cover_the_tail_the_depth_cannot() -> None:
+    # A Pareto tail of index 3 from 100 ms (a quarter of the reads), a 10 ms step, depth 8: 8 workers hold 64 batches
+    # (0.64 s), which leaves about 3 % waited; the closed form asks for 10.
+    tail, period = Tail(index=3.0, threshold_s=0.1, share=0.25), 0.01
+    needed = _workers_covering(3.0, 0.1, 0.25, period, 8)
+    assert needed == 10
+    widened, reason = tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), HostBudget(64, "cores"), 100.0)
+    assert widened == LoaderSettings(needed, 8, persistent_workers=True)
+    assert "num_workers=10 (measured at 8)" in reason
+    # Enough workers already: nothing changes, nothing is said.
+    covered = LoaderSettings(needed, 8, persistent_workers=True)
+    assert tail_widened(tail, covered, HostBudget(64, "cores"), 100.0) == (covered, "")
+    # A tail of index 2 asks for 154 workers: twice the count measured, no more (a step the search would measure).
+    heavier = Tail(index=2.0, threshold_s=0.1, share=0.25)
+    assert _workers_covering(2.0, 0.1, 0.25, period, 8) == 154
+    doubled, _ = tail_widened(heavier, LoaderSettings(4, 8, persistent_workers=True), HostBudget(64, "cores"), 100.0)
+    assert doubled.num_workers == 8
+    # The host's walls hold: the cores' budget, and memory for every worker's depth (72 batches: 9 workers at 8).
+    walled, _ = tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), HostBudget(9, "cores"), 100.0)
+    assert walled.num_workers == 9
+    memory = HostBudget(64, "cores", max_in_flight=72, memory_bound="host_memory")
+    at_memory, _ = tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), memory, 100.0)
+    assert at_memory.num_workers == 9 and at_memory.batches_in_flight <= 72
+    full = HostBudget(64, "cores", max_in_flight=64, memory_bound="host_memory")
+    assert tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), full, 100.0)[1] == ""
+
+
+def test_the_tail_adds_workers_only_where_they_persist() -> None:
+    # The heavy-tailed read above with a heavier tail (index 1.8): the chosen count's deepest depth leaves it
+    # uncovered. Your workers persist, and so do the candidates: the count grows past any measured. Where they start
+    # anew each epoch, each extra worker's start would come back every epoch: the count measured, at its depth.
+    heavy = _pareto_times(1.8, 0.05, 24)
+    persistent = LoaderSettings(1, 2, persistent_workers=True)
+    planner, grown = _decide_on_times(heavy, 0.02, 100.0, HostBudget(64, "cores"), persistent)
+    assert planner.chosen is not None and grown.persistent_workers, grown.table()
+    measured = planner.chosen.setting.num_workers
+    assert grown.num_workers > measured and f"num_workers={grown.num_workers} (measured at {measured})" in grown.reason
+    assert grown.prefetch_factor == 8 and grown.num_workers <= 2 * measured, grown.table()
+    assert planner.arm_of(grown.setting) is planner.chosen  # re-tuning watches it by the count it measured
+    planner, kept = _decide_on_times(heavy, 0.02, 100.0, HostBudget(64, "cores"))
+    assert planner.chosen is not None and not kept.persistent_workers, kept.table()
+    assert kept.num_workers == planner.chosen.setting.num_workers and kept.prefetch_factor == 8, kept.table()
 
 
 def test_an_epoch_end_that_leaves_the_planned_candidate_no_room_measures_your_free_settings_again() -> None:

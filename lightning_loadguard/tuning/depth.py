@@ -1,5 +1,6 @@
-"""The buffer depth where no window can set it: the tail of every production time measured, over an epoch, and
-the depth alone where the loader cannot be restarted to probe (an iterable dataset).
+"""The batches in flight where no window can set them: the depth, and past the deepest the persistent workers, that
+the tail of every production time measured asks for over an epoch; and the depth alone where the loader cannot be
+restarted to probe (an iterable dataset).
 
 A window holds a few dozen reads, an epoch thousands: with a heavy tail, the longest of thousands is many times the
 longest of a few dozen, and the buffer that covers it is sized from the tail fitted to every production time measured
@@ -16,7 +17,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch
-from lightning_loadguard.model.tail import Tail, fit_tail, tail_depth, tail_wait
+from lightning_loadguard.model.tail import TAIL_WAIT, Tail, fit_tail, tail_depth, tail_wait
 from lightning_loadguard.tuning.arms import COMPUTING, Arm, profile
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
@@ -75,6 +76,38 @@ def tail_deepened(
         f"{TAIL_ERRORS:g} standard errors heavier (index {bound.index:.1f})"
     )
     return replace(setting, prefetch_factor=depth), reason
+
+
+def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: float) -> tuple[LoaderSettings, str]:
+    """``setting`` with the fewest workers, up to twice its count, whose batches in flight at its depth cover the
+    tail (as :func:`tail_deepened` sizes it) where its depth alone does not, and the words the decision's reason
+    adds; ``setting`` and ``""`` where the depth covers the tail or no more workers fit the host's budget.
+
+    For workers that persist: a worker that mostly waits costs its start once and a few batches of memory, while
+    one started anew each epoch pays its start every epoch (``benchmarks/RESULTS.md``: the sweep with and without).
+    Twice the count is the search's own step up (:mod:`~lightning_loadguard.tuning.search`), here taken unmeasured:
+    the tail, fitted to the reads of every count measured, not a window, says what more workers buy.
+    """
+    bound, period = tail.heavier(TAIL_ERRORS), 1.0 / rate
+    workers, depth = setting.num_workers, setting.prefetch
+    if workers < 1 or tail_wait(bound, batches_in_flight=workers * depth, period_s=period) < TAIL_WAIT:
+        return setting, ""
+    widened = setting
+    for more in range(workers + 1, min(budget.max_workers, 2 * workers) + 1):
+        if budget.deepest_prefetch(more, depth, pin_memory=setting.pin_memory) < depth:
+            break
+        widened = replace(setting, num_workers=more)
+        if tail_wait(bound, batches_in_flight=more * depth, period_s=period) < TAIL_WAIT:
+            break
+    if widened is setting:
+        return setting, ""
+    waits = [tail_wait(tail, batches_in_flight=w * depth, period_s=period) for w in (workers, widened.num_workers)]
+    reason = (
+        f"; num_workers={widened.num_workers} (measured at {workers}): at prefetch_factor={depth} the tail would "
+        f"leave the loop waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} with {widened.num_workers} persistent "
+        "workers, which mostly wait)"
+    )
+    return widened, reason
 
 
 def model_only_decision(

@@ -17,7 +17,8 @@ One procedure (docs/tuning.md states it in five sentences):
    (two standard errors of the difference, ``model.noise``); a setting replaces the user's only when it beats
    them: the fastest that does, or of those it read faster than by no more than the noise (nor 1 %), the one
    with the most batches in flight; where its workers keep up and mostly wait, at the depth whose buffer covers
-   the tail fitted to every production time measured (:mod:`lightning_loadguard.model.tail`) over an epoch.
+   the tail fitted to every production time measured (:mod:`lightning_loadguard.model.tail`) over an epoch, and
+   where the deepest depth does not and the workers persist, with up to twice the workers.
 5. Probing stops when the probe budget is spent or no window could change the decision.
 
 Plain Python, driven by measurements, so that every choice can be replayed in a unit test.
@@ -34,7 +35,7 @@ from lightning_loadguard.model.budget import CORES, HostBudget
 from lightning_loadguard.model.capacity import WAIT_OK
 from lightning_loadguard.tuning.arms import Arm, Arms, beats, gain, roomiest, winnable
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision, start_names, verdict_of
-from lightning_loadguard.tuning.depth import epoch_tail, tail_deepened
+from lightning_loadguard.tuning.depth import epoch_tail, tail_deepened, tail_widened
 from lightning_loadguard.tuning.options import TuneOptions, longest_probe
 from lightning_loadguard.tuning.persistence import WorkerStarts
 from lightning_loadguard.tuning.search import Proposal, Search
@@ -64,6 +65,7 @@ RULES = frozenset(
         "contest",  # the leader or the user's settings measured again while they could change the decision
         "roomiest",  # of the winners that read alike (within the noise, nor 1 %), the most batches in flight
         "tail_depth",  # the chosen count's depth deepened to absorb the production times' fitted tail over an epoch
+        "tail_workers",  # persistent workers, up to twice the count, where the deepest depth leaves the tail uncovered
     }
 )
 """The rules of the procedure, each named so that the sweep can be scored without it
@@ -349,11 +351,14 @@ class Planner:
         return None
 
     def arm_of(self, setting: LoaderSettings) -> Arm | None:
-        """The arm a decision for ``setting`` rests on, to watch it by: the arm of the same loader, else (a depth the
-        tail deepened, :mod:`~lightning_loadguard.tuning.depth`) :attr:`chosen` at the same worker count; ``None``
-        where no such arm measured a rate."""
+        """The arm a decision for ``setting`` rests on, to watch it by: the arm of the same loader, else :attr:`chosen`
+        where ``setting`` only adds batches in flight to it (the depth or the persistent workers the tail asked
+        for, :mod:`~lightning_loadguard.tuning.depth`); ``None`` where no such arm measured a rate."""
         arm = next((a for a in self.arms.values() if a.setting.same_loader(setting)), self.chosen)
-        if arm is None or arm.rate <= 0 or arm.setting.num_workers != setting.num_workers:
+        if arm is None or arm.rate <= 0:
+            return None
+        measured = arm.setting
+        if setting.num_workers < measured.num_workers or setting.prefetch < measured.prefetch:
             return None
         return arm
 
@@ -368,7 +373,7 @@ class Planner:
         (:func:`~lightning_loadguard.tuning.arms.roomiest`), else the user's; at the depth the production times'
         tail asks for (:mod:`~lightning_loadguard.tuning.depth`); with persistent workers where starting that
         setting's own workers was seen to cost ``persistent_min_share`` of an epoch (``map_style``: the dataset
-        is map-style)."""
+        is map-style); persistent, with the workers the tail asks for where the deepest depth falls short."""
         user = self.arms.get(self.original)
         if user is None:
             unmeasured = TuneDecision.of(
@@ -401,6 +406,9 @@ class Planner:
             persistent = True
             if chosen is user:
                 reason += "; persistent_workers turned on: " + self._starts.against_steps(chosen.setting, after)
+        if persistent and tail is not None and "tail_workers" in self.rules:
+            setting, widened = tail_widened(tail, setting, self.budget, after)
+            reason += widened
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
             replace(setting, persistent_workers=persistent),
