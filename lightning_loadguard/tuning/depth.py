@@ -93,10 +93,11 @@ def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: 
     if workers < 1 or tail_wait(bound, batches_in_flight=workers * depth, period_s=period) < TAIL_WAIT:
         return setting, ""
     widened = setting
-    for more in range(workers + 1, min(budget.max_workers, 2 * workers) + 1):
-        if budget.deepest_prefetch(more, depth, pin_memory=setting.pin_memory) < depth:
+    for more in range(workers + 1, 2 * workers + 1):
+        candidate = replace(setting, num_workers=more)
+        if budget.allows(candidate) is not None:
             break
-        widened = replace(setting, num_workers=more)
+        widened = candidate
         if tail_wait(bound, batches_in_flight=more * depth, period_s=period) < TAIL_WAIT:
             break
     if widened is setting:
