@@ -130,6 +130,18 @@ def tail_wait(tail: Tail, *, batches_in_flight: int, period_s: float) -> float:
     return excess / (period_s + excess) if math.isfinite(excess) else 1.0
 
 
+def tail_covered(tail: Tail, *, batches_in_flight: int, period_s: float, wait: float = TAIL_WAIT) -> bool:
+    """Whether ``batches_in_flight`` cover the tail: its wait (:func:`tail_wait`) under ``wait``, the share every
+    depth and count the tuner sizes for the tail is held to.
+
+    Example:
+        >>> tail = Tail(index=2.0, threshold_s=0.1, share=0.25)
+        >>> [tail_covered(tail, batches_in_flight=n, period_s=0.05) for n in (8, 64)]  # 11 % and 1.5 % waited
+        [False, True]
+    """
+    return tail_wait(tail, batches_in_flight=batches_in_flight, period_s=period_s) < wait
+
+
 def tail_depth(tail: Tail, *, num_workers: int, period_s: float, deepest: int, wait: float = TAIL_WAIT) -> int:
     """The fewest batches per worker (``prefetch_factor``, at most ``deepest``) whose cover leaves a tail wait
     (:func:`tail_wait`) under ``wait``; ``deepest`` where none does.
@@ -146,6 +158,6 @@ def tail_depth(tail: Tail, *, num_workers: int, period_s: float, deepest: int, w
     if isinstance(deepest, bool) or not isinstance(deepest, int) or deepest < 1:
         raise ValueError(f"deepest must be an integer >= 1, got {deepest!r}")
     for depth in range(1, deepest + 1):
-        if tail_wait(tail, batches_in_flight=num_workers * depth, period_s=period_s) < wait:
+        if tail_covered(tail, batches_in_flight=num_workers * depth, period_s=period_s, wait=wait):
             return depth
     return deepest

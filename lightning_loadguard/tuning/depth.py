@@ -17,7 +17,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch
-from lightning_loadguard.model.tail import TAIL_WAIT, Tail, fit_tail, tail_depth, tail_wait
+from lightning_loadguard.model.tail import Tail, fit_tail, tail_covered, tail_depth, tail_wait
 from lightning_loadguard.tuning.arms import COMPUTING, Arm, profile
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
@@ -90,7 +90,7 @@ def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: 
     """
     bound, period = tail.heavier(TAIL_ERRORS), 1.0 / rate
     workers, depth = setting.num_workers, setting.prefetch
-    if workers < 1 or tail_wait(bound, batches_in_flight=workers * depth, period_s=period) < TAIL_WAIT:
+    if workers < 1 or tail_covered(bound, batches_in_flight=workers * depth, period_s=period):
         return setting, ""
     widened = setting
     for more in range(workers + 1, 2 * workers + 1):
@@ -98,7 +98,7 @@ def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: 
         if budget.allows(candidate) is not None:
             break
         widened = candidate
-        if tail_wait(bound, batches_in_flight=more * depth, period_s=period) < TAIL_WAIT:
+        if tail_covered(bound, batches_in_flight=more * depth, period_s=period):
             break
     if widened is setting:
         return setting, ""
