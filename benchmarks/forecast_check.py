@@ -287,10 +287,10 @@ def _row(result: dict[str, Any], rerun: dict[str, Any] | None) -> list[str]:
 
     cells = [
         result["check"],
-        f"{rate.value:.1f} ({rate.low:.1f}..{rate.high:.1f})",
+        f"{rate.value:.1f} ({rate.range_text(1)})",
         f"{m['throughput']:.1f}",
         f"{rate_err:+.0%} {verdict(abs(rate_err) <= GOAL_THROUGHPUT, rate.covers(m['throughput']))}",
-        f"{wait.value:.2f} ({wait.low:.2f}..{wait.high:.2f})",
+        f"{wait.value:.2f} ({wait.range_text(2)})",
         f"{m['wait_fraction']:.2f}",
         f"{wait_err:+.2f} {verdict(abs(wait_err) <= GOAL_WAIT, wait.covers(m['wait_fraction']))}",
         f"{m['gap_fraction']:.2f}",

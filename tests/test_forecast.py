@@ -477,7 +477,7 @@ def test_a_faster_step_is_taken_to_need_that_much_less_cpu() -> None:
     assert f.loop_cores == pytest.approx(100 * 0.005, rel=0.02)
 
 
-def test_more_ranks_than_measured_bound_the_throughput_from_above_and_the_wait_from_below() -> None:
+def test_more_ranks_than_measured_leave_the_throughput_open_below_and_the_wait_above() -> None:
     # DDP's collectives and lockstep are in a step measured on as many ranks, not in one measured on fewer.
     def said(f: Forecast) -> bool:
         return any(
@@ -486,12 +486,28 @@ def test_more_ranks_than_measured_bound_the_throughput_from_above_and_the_wait_f
             for note in f.notes
         )
 
-    assert said(forecast(_facts(), WhatIf(ranks_per_node=4)))
-    assert said(forecast(_facts(ranks_per_node=2), WhatIf(ranks_per_node=4)))
-    assert not said(forecast(_facts(), WhatIf()))
-    assert not said(forecast(_facts(), WhatIf(num_workers=8)))  # more processes than cores, one rank: no DDP
-    assert not said(forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=4)))
-    assert not said(forecast(_facts(ranks_per_node=4), WhatIf(ranks_per_node=2)))
+    def open_ended(f: Forecast) -> bool:
+        # The ranges say it too: any throughput under the forecast's and any wait over it is in them.
+        rate, wait = f.throughput, f.wait_fraction
+        if (rate.open_end, wait.open_end) == ("low", "high"):
+            assert rate.covers(0.5 * rate.low) and not rate.covers(1.5 * rate.high)
+            assert wait.covers(1.0) and not wait.covers(wait.low - 0.01)
+            assert "(at most" in str(f) and "(at least" in str(f)
+            return True
+        assert (rate.open_end, wait.open_end) == (None, None)
+        assert not rate.covers(0.5 * rate.low) and "(at most" not in str(f)
+        return False
+
+    for facts, what_if, added in (
+        (_facts(), WhatIf(ranks_per_node=4), True),
+        (_facts(ranks_per_node=2), WhatIf(ranks_per_node=4), True),
+        (_facts(), WhatIf(), False),
+        (_facts(), WhatIf(num_workers=8), False),  # more processes than cores, one rank: no DDP
+        (_facts(ranks_per_node=4), WhatIf(ranks_per_node=4), False),
+        (_facts(ranks_per_node=4), WhatIf(ranks_per_node=2), False),
+    ):
+        f = forecast(facts, what_if)
+        assert said(f) is added and open_ended(f) is added, what_if
 
 
 def test_a_run_without_workers_forecasts_workers_from_the_loops_fetch_and_says_so() -> None:

@@ -53,6 +53,7 @@ def test_two_ranks_are_forecast_from_one() -> None:
     # DDP's own cost (its collectives, the lockstep) is not in a 1-rank run: the forecast bounds the wait from below
     # and says so, and the wait stays within the bound (the benchmark's figures: benchmarks/RESULTS.md).
     assert any("the wait as a lower one" in note for note in two.notes), two.notes
+    assert (two.throughput.open_end, two.wait_fraction.open_end) == ("low", "high")
     wait_drift = abs(rerun["wait_fraction"] - baseline["wait_fraction"])
     assert measured_two["wait_fraction"] >= two.wait_fraction.value - SANITY_WAIT - wait_drift
     assert measured_two["wait_fraction"] <= two.wait_fraction.value + SANITY_WAIT + wait_drift

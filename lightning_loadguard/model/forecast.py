@@ -312,23 +312,55 @@ class WhatIf:
 class Estimate:
     """A predicted figure with the range its margin spans (``low <= value <= high``).
 
+    ``open_end`` names the end the margin cannot place: a cost the measured run could not see (named in the
+    forecast's notes) moves the figure past it by an amount nothing measured bounds. ``low`` and ``high`` stay what
+    the measured spread gives; the range covers any figure beyond the open end.
+
     Example:
         >>> e = Estimate(10.0, 9.0, 10.5)
         >>> e.margin, e.covers(9.2), e.covers(11.0)
         (1.0, True, False)
+        >>> at_most = Estimate(10.0, 9.0, 10.5, open_end="low")
+        >>> at_most.covers(7.0), at_most.covers(11.0), at_most.margin
+        (True, False, inf)
     """
 
     value: float
     low: float
     high: float
+    open_end: Literal["low", "high"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.open_end not in (None, "low", "high"):
+            raise ValueError(f"Estimate.open_end must be None, 'low' or 'high', got {self.open_end!r}")
 
     @property
     def margin(self) -> float:
-        """The larger distance from the value to either end of its range."""
+        """The larger distance from the value to either end of its range (infinite with an open end)."""
+        if self.open_end is not None:
+            return math.inf
         return max(self.value - self.low, self.high - self.value)
 
     def covers(self, measured: float) -> bool:
-        return self.low <= measured <= self.high
+        """Whether ``measured`` lies in the range (past an open end counts as in it)."""
+        return (self.open_end == "low" or self.low <= measured) and (self.open_end == "high" or measured <= self.high)
+
+    def range_text(self, digits: int = 3) -> str:
+        """The range in words: ``low..high``, or ``at most high`` / ``at least low`` with an open end.
+
+        Example:
+            >>> Estimate(45.6, 45.2, 45.9, open_end="low").range_text(), Estimate(0.06, 0.05, 0.07).range_text(2)
+            ('at most 45.9', '0.05..0.07')
+        """
+
+        def num(x: float) -> str:
+            return f"{x:.3g}" if digits == 3 else f"{x:.{digits}f}"
+
+        if self.open_end == "low":
+            return f"at most {num(self.high)}"
+        if self.open_end == "high":
+            return f"at least {num(self.low)}"
+        return f"{num(self.low)}..{num(self.high)}"
 
 
 @dataclass(frozen=True)
@@ -340,8 +372,10 @@ class Forecast:
         settings: the loader settings forecast (per rank).
         ranks_per_node, usable_cores, available_cores: training processes per node; cores each may use; cores
             left to training after other work.
-        throughput: steps/s per rank, with its margin.
-        wait_fraction: share of the loop's time spent waiting for data (0..1), with its margin.
+        throughput: steps/s per rank, with its margin; open below (:attr:`Estimate.open_end`) where ranks are
+            added to those measured: DDP's collectives are not in the measured step.
+        wait_fraction: share of the loop's time spent waiting for data (0..1), with its margin; open above where
+            ranks are added.
         consumer_rate: steps/s the loop would reach never waiting (the step and the hand-over, at ``slowdown``).
         producer_rate: batches/s the workers make (``None`` without workers), at the cores' slow-down.
         core_rate: steps/s per rank the cores carry at the node's CPU per step.
@@ -479,9 +513,8 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def _est(estimate: Estimate, digits: int = 3) -> str:
-    if digits == 3:
-        return f"{estimate.value:.3g} ({estimate.low:.3g}..{estimate.high:.3g})"
-    return f"{estimate.value:.{digits}f} ({estimate.low:.{digits}f}..{estimate.high:.{digits}f})"
+    value = f"{estimate.value:.3g}" if digits == 3 else f"{estimate.value:.{digits}f}"
+    return f"{value} ({estimate.range_text(digits)})"
 
 
 def _mb(value: int | None) -> str:
@@ -711,12 +744,13 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
     available = max(0.05 * usable, usable - other_used)
     if usable - other_used < 0.05 * usable:
         notes.append("other work used the cores' whole share in the measured window: 5 % of them is taken as left")
-    if ranks > facts.ranks_per_node and ranks > 1:
+    unseen_collectives = ranks > facts.ranks_per_node and ranks > 1
+    if unseen_collectives:
         notes.append(
             "DDP's own cost per step is not in a step measured on fewer ranks: the gradient all-reduce and "
             "Lightning's broadcast before each fetch, which hold the ranks in lockstep (there, each rank's fetch of "
             "a ready batch was measured slower: benchmarks/RESULTS.md); read the throughput as an upper bound and "
-            "the wait as a lower one"
+            "the wait as a lower one (their ranges are open below and above)"
         )
     # Production as it would run with a core always there.
     unqueued = 1.0 - facts.production_queued_share
@@ -812,8 +846,10 @@ def forecast(facts: ForecastFacts, what_if: WhatIf | None = None) -> Forecast:
         ranks_per_node=ranks,
         usable_cores=usable,
         available_cores=available,
-        throughput=Estimate(rate, min(rates), max(rates)),
-        wait_fraction=Estimate(main.wait_fraction, min(waits), max(waits)),
+        throughput=Estimate(rate, min(rates), max(rates), open_end="low" if unseen_collectives else None),
+        wait_fraction=Estimate(
+            main.wait_fraction, min(waits), max(waits), open_end="high" if unseen_collectives else None
+        ),
         consumer_rate=consumer_rate,
         producer_rate=main.producer_rate,
         core_rate=core_rate,
