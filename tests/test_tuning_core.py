@@ -1009,6 +1009,24 @@ def test_persistent_workers_are_weighed_by_the_chosen_settings_own_start() -> No
     assert decision.num_workers == chosen.num_workers and decision.persistent_workers
 
 
+@pytest.mark.parametrize(("settling_s", "persistent"), [(0.3, True), (0.0, False)])
+def test_a_restart_costs_the_loop_its_warm_ups_time_past_the_windows_pace_less_the_first_batch(
+    settling_s: float, persistent: bool
+) -> None:
+    # The workers start in 50 ms, under 2 % of a 400-step epoch at 60 steps/s (6.7 s); their warm-up then runs
+    # `settling_s` slower than the window's pace, besides the first batch (50 ms), which persistent workers make at
+    # each epoch's start too. Persistent workers are chosen where what the restart cost passes 2 % of the epoch.
+    planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), FAST, epoch_steps=400)
+    chosen = planner.record(window(20.0, 0.010, 0.05))
+    assert chosen is not None and chosen.num_workers > 0
+    probe = window(60.0, 0.010, 0.05)
+    warm = planner.warmup_for(chosen, continuing=False)
+    paced_s = probe.loop_s * (1 + warm / probe.steps)
+    planner.record(probe, startup_s=0.05, span_s=paced_s + 0.05 + settling_s)
+    decision = planner.decide()
+    assert decision.num_workers == chosen.num_workers and decision.persistent_workers is persistent
+
+
 def test_decision_round_trips_through_plain_data() -> None:
     planner = Planner(LoaderSettings(0), HostBudget(3, "cores"), FAST, epoch_steps=400)
     planner.record(window(20.0, 0.010, 0.05))

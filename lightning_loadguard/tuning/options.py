@@ -57,8 +57,9 @@ class TuneOptions:
             costs a measurable share of the epoch. Every epoch's order stays the untuned run's; random
             draws made inside the workers continue across epochs instead of being reseeded (``False`` where
             that matters).
-        persistent_min_share: the share of epoch time that worker start-up must cost before persistent
-            workers are chosen. In [0, 1].
+        persistent_min_share: the share of epoch time that restarting the workers (their start, and their
+            warm-up past the window's pace but the first batch) must cost before persistent workers are chosen.
+            In [0, 1].
         keep_random_draws: ``True`` for bit-identical data: where the dataset draws random numbers in the main
             process while loading (``num_workers=0`` and ``torch``, ``random`` or ``numpy.random`` in
             ``__getitem__`` or ``collate_fn``), loading stays there, so every random draw and every epoch's

@@ -31,7 +31,8 @@ class WorkerStarts:
         self._loop_s: dict[LoaderSettings, tuple[int, float]] = {}  # steps and loop time of every window, rated or not
 
     def record(self, setting: LoaderSettings, window: WindowSnapshot, startup_s: float | None) -> None:
-        """A window of ``setting`` that did not fail, and what starting its workers cost where it was seen."""
+        """A window of ``setting`` that did not fail, and what restarting its workers cost the loop where it was
+        seen (``startup_s``: their start, and their warm-up past the window's pace but the first batch)."""
         if startup_s is not None:
             self._startups[setting] = startup_s
         if window.steps:

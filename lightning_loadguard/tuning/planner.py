@@ -232,7 +232,7 @@ class Planner:
         note = self.current_note
         self._running = setting
         if not failed:
-            self._starts.record(setting, window, startup_s)
+            self._starts.record(setting, window, self._restart_cost(window, startup_s, span_s))
         if (
             not failed
             and window.steps
@@ -269,6 +269,17 @@ class Planner:
         self.continuing = again
         self.current, self.current_note = proposal.setting, proposal.note
         return proposal.setting
+
+    def _restart_cost(self, window: WindowSnapshot, startup_s: float | None, span_s: float | None) -> float | None:
+        """What restarting :attr:`current`'s workers cost the loop, where a restart was seen (``startup_s``): the
+        probe's span less its warm-up's and window's steps at the window's pace, less the first batch, which
+        workers that persist make at each epoch's start too (their start, and their settling in the warm-up); at
+        least ``startup_s``, the start alone."""
+        if startup_s is None or span_s is None or not window.steps or self.continuing:
+            return startup_s
+        warm = self.warmup_for(self.current, continuing=False)
+        paced = window.loop_s * (1 + warm / window.steps)
+        return max(startup_s, span_s - paced - (window.mean_production_s or 0.0))
 
     def _measure_again(self, setting: LoaderSettings, window: WindowSnapshot) -> bool:
         """Set ``window`` aside, as a window still settling, where the budget holds another of ``setting`` (its
