@@ -28,13 +28,20 @@ class WorkerStarts:
         self.options = options
         self.epoch_steps = epoch_steps
         self._startups: dict[LoaderSettings, float] = {}
+        self._restarts: dict[LoaderSettings, float] = {}  # the start, and the settling it was seen to cost the loop
         self._loop_s: dict[LoaderSettings, tuple[int, float]] = {}  # steps and loop time of every window, rated or not
 
-    def record(self, setting: LoaderSettings, window: WindowSnapshot, startup_s: float | None) -> None:
-        """A window of ``setting`` that did not fail, and what restarting its workers cost the loop where it was
-        seen (``startup_s``: their start, and their warm-up past the window's pace but the first batch)."""
+    def record(
+        self, setting: LoaderSettings, window: WindowSnapshot, startup_s: float | None, restart_s: float | None = None
+    ) -> None:
+        """A window of ``setting`` that did not fail, what starting its workers cost where it was seen
+        (``startup_s``), and what restarting them cost the loop (``restart_s``: their start, and their warm-up past
+        the window's pace but the first batch; the start where not given). Persistence is weighed by the restart;
+        a rate over an epoch (:meth:`paid_each_epoch`) by the start alone, the same reading for every setting, yours
+        included, whose windows have no probe's span."""
         if startup_s is not None:
             self._startups[setting] = startup_s
+            self._restarts[setting] = startup_s if restart_s is None else max(startup_s, restart_s)
         if window.steps:
             steps, loop_s = self._loop_s.get(setting, (0, 0.0))
             self._loop_s[setting] = (steps + window.steps, loop_s + window.loop_s)
@@ -43,10 +50,10 @@ class WorkerStarts:
         """Keep workers across epochs when starting them costs ``persistent_min_share`` of an epoch at ``rate``."""
         if not (self.options.tune_persistent_workers and map_style and chosen.num_workers > 0):
             return False
-        startup_s = self._startups.get(chosen)
-        if startup_s is None or rate <= 0:
+        restart_s = self._restarts.get(chosen)
+        if restart_s is None or rate <= 0:
             return False
-        return startup_s >= self.options.persistent_min_share * self.epoch_steps / rate
+        return restart_s >= self.options.persistent_min_share * self.epoch_steps / rate
 
     def paid_each_epoch(self, setting: LoaderSettings) -> float | None:
         """What starting ``setting``'s workers was seen to cost, where they start anew at every epoch's start: not
@@ -66,9 +73,9 @@ class WorkerStarts:
         return None if self.options.tune_persistent_workers else start
 
     def against_steps(self, setting: LoaderSettings, rate: float) -> str:
-        """What starting ``setting``'s workers costs against an epoch's steps at ``rate``, in words."""
-        startup_s, steps_s = self._startups[setting], self.epoch_steps / rate
-        return f"starting the workers takes {startup_s:.2f} s at each epoch's start, its steps {steps_s:.1f} s"
+        """What restarting ``setting``'s workers costs against an epoch's steps at ``rate``, in words."""
+        restart_s, steps_s = self._restarts[setting], self.epoch_steps / rate
+        return f"restarting the workers costs {restart_s:.2f} s at each epoch's start, its steps {steps_s:.1f} s"
 
     def persistent_only(
         self, unmeasured: TuneDecision, original: LoaderSettings, start: str, map_style: bool

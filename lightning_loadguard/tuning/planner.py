@@ -232,7 +232,7 @@ class Planner:
         note = self.current_note
         self._running = setting
         if not failed:
-            self._starts.record(setting, window, self._restart_cost(window, startup_s, span_s))
+            self._starts.record(setting, window, startup_s, self._restart_cost(window, startup_s, span_s))
         if (
             not failed
             and window.steps
