@@ -47,7 +47,7 @@ class WorkerStarts:
             self._loop_s[setting] = (steps + window.steps, loop_s + window.loop_s)
 
     def persistent(self, chosen: LoaderSettings, rate: float, map_style: bool) -> bool:
-        """Keep workers across epochs when starting them costs ``persistent_min_share`` of an epoch at ``rate``."""
+        """Keep workers across epochs when restarting them costs ``persistent_min_share`` of an epoch at ``rate``."""
         if not (self.options.tune_persistent_workers and map_style and chosen.num_workers > 0):
             return False
         restart_s = self._restarts.get(chosen)
