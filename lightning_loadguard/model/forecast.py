@@ -352,15 +352,11 @@ class Estimate:
             >>> Estimate(45.6, 45.2, 45.9, open_end="low").range_text(), Estimate(0.06, 0.05, 0.07).range_text(2)
             ('at most 45.9', '0.05..0.07')
         """
-
-        def num(x: float) -> str:
-            return f"{x:.3g}" if digits == 3 else f"{x:.{digits}f}"
-
         if self.open_end == "low":
-            return f"at most {num(self.high)}"
+            return f"at most {_num(self.high, digits)}"
         if self.open_end == "high":
-            return f"at least {num(self.low)}"
-        return f"{num(self.low)}..{num(self.high)}"
+            return f"at least {_num(self.low, digits)}"
+        return f"{_num(self.low, digits)}..{_num(self.high, digits)}"
 
 
 @dataclass(frozen=True)
@@ -513,8 +509,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def _est(estimate: Estimate, digits: int = 3) -> str:
-    value = f"{estimate.value:.3g}" if digits == 3 else f"{estimate.value:.{digits}f}"
-    return f"{value} ({estimate.range_text(digits)})"
+    return f"{_num(estimate.value, digits)} ({estimate.range_text(digits)})"
 
 
 def _mb(value: int | None) -> str:

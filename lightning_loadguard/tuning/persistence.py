@@ -34,14 +34,14 @@ class WorkerStarts:
     def record(
         self, setting: LoaderSettings, window: WindowSnapshot, startup_s: float | None, restart_s: float | None = None
     ) -> None:
-        """A window of ``setting`` that did not fail, what starting its workers cost where it was seen
-        (``startup_s``), and what restarting them cost the loop (``restart_s``: their start, and their warm-up past
-        the window's pace but the first batch; the start where not given). Persistence is weighed by the restart;
-        a rate over an epoch (:meth:`paid_each_epoch`) by the start alone, the same reading for every setting, yours
-        included, whose windows have no probe's span."""
+        """A window of ``setting`` that did not fail, what starting its workers cost where it was seen (``startup_s``),
+        and what restarting them cost the loop (``restart_s``, at least the start: their warm-up past the window's pace
+        too, but the first batch; the start where not given). Persistence is weighed by the restart; a rate over an
+        epoch (:meth:`paid_each_epoch`) by the start alone, the same reading for every setting, yours included, whose
+        windows have no probe's span."""
         if startup_s is not None:
             self._startups[setting] = startup_s
-            self._restarts[setting] = startup_s if restart_s is None else max(startup_s, restart_s)
+            self._restarts[setting] = startup_s if restart_s is None else restart_s
         if window.steps:
             steps, loop_s = self._loop_s.get(setting, (0, 0.0))
             self._loop_s[setting] = (steps + window.steps, loop_s + window.loop_s)
