@@ -1247,6 +1247,8 @@ def test_a_heavy_tailed_read_gets_the_depth_its_tail_asks_for_at_the_chosen_coun
     measured, workers = planner.chosen.setting.prefetch, decision.num_workers
     assert decision.prefetch_factor > measured, decision.table()
     assert "tail" in decision.reason and f"measured at {measured}" in decision.reason
+    # The reason states the odds of a read outlasting each cover, and that they are a model's.
+    assert "1 read in " in decision.reason and "outlasts the " in decision.reason and "a model" in decision.reason
 
     def true_wait(depth: int) -> float:  # E[max(0, X - cover)] of the Pareto itself, cover = depth x workers x 10 ms
         scale, cover = 0.05 * 1.2 / 2.2, depth * workers * 0.01
@@ -1328,6 +1330,9 @@ def test_persistent_workers_grow_to_the_count_whose_batches_in_flight_cover_the_
     widened, reason = tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), HostBudget(64, "cores"), 100.0)
     assert widened == LoaderSettings(needed, 8, persistent_workers=True)
     assert "num_workers=10 (measured at 8)" in reason
+    odds = [f"{1 / tail.share_beyond(n * 8 * period):,.0f}" for n in (8, 10)]  # covers of 0.64 s and 0.8 s
+    assert f"1 read in {odds[0]} outlasts the 640 ms that 64 batches" in reason
+    assert f"1 in {odds[1]} the 800 ms that 80 cover with 10 persistent workers" in reason
     # Enough workers already: nothing changes, nothing is said.
     covered = LoaderSettings(needed, 8, persistent_workers=True)
     assert tail_widened(tail, covered, HostBudget(64, "cores"), 100.0) == (covered, "")

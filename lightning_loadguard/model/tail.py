@@ -67,6 +67,18 @@ class Tail:
             return self
         return replace(self, index=self.index / (1.0 + standard_errors / math.sqrt(self.top)))
 
+    def share_beyond(self, time_s: float) -> float:
+        """The share of all times longer than ``time_s``: ``share * (time_s / threshold_s) ** -index`` from the
+        threshold on; below it the tail says only that it is at least ``share``, which is returned.
+
+        Example:
+            >>> Tail(index=2.0, threshold_s=0.1, share=0.25).share_beyond(0.5)  # 0.25 / 5 ** 2
+            0.01
+        """
+        if not (math.isfinite(time_s) and time_s >= 0):
+            raise ValueError(f"time_s must be a finite number >= 0, got {time_s!r}")
+        return self.share * (max(time_s, self.threshold_s) / self.threshold_s) ** -self.index
+
     def excess_s(self, cover_s: float) -> float:
         """The expected part of one time beyond ``cover_s`` seconds, ``E[max(0, X - cover_s)]``, from the tail
         alone (for a cover below the threshold, the tail's part beyond the threshold and its share of the rest);

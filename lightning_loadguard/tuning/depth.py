@@ -17,7 +17,7 @@ from lightning_loadguard.meters.settings import LoaderSettings
 from lightning_loadguard.meters.window import WindowSnapshot
 from lightning_loadguard.model.budget import HostBudget
 from lightning_loadguard.model.capacity import has_deficit, recommend_prefetch
-from lightning_loadguard.model.tail import Tail, fit_tail, tail_covered, tail_depth, tail_wait
+from lightning_loadguard.model.tail import TAIL_WAIT, Tail, fit_tail, tail_covered, tail_depth
 from lightning_loadguard.tuning.arms import COMPUTING, Arm, profile
 from lightning_loadguard.tuning.decision import CandidateResult, TuneDecision
 from lightning_loadguard.tuning.options import TuneOptions
@@ -60,20 +60,18 @@ def tail_deepened(
     deepest = budget.deepest_prefetch(setting.num_workers, options.max_prefetch, pin_memory=setting.pin_memory)
     if deepest <= setting.prefetch:
         return setting, ""
-    bound = tail.heavier(TAIL_ERRORS)
-    depth = tail_depth(bound, num_workers=setting.num_workers, period_s=1.0 / rate, deepest=deepest)
+    bound, workers, period = tail.heavier(TAIL_ERRORS), setting.num_workers, 1.0 / rate
+    depth = tail_depth(bound, num_workers=workers, period_s=period, deepest=deepest)
     if depth <= setting.prefetch:
         return setting, ""
-    waits = [
-        tail_wait(tail, batches_in_flight=setting.num_workers * d, period_s=1.0 / rate)
-        for d in (setting.prefetch, depth)
-    ]
     fitted = f"index {tail.index:.1f}" + (f", fitted to the {tail.top} longest reads" if tail.top else "")
     reason = (
-        f"; prefetch_factor={depth} (measured at {setting.prefetch}): by the production times' tail ({fitted}), "
-        f"reads longer than the batches in flight cover would leave the loop waiting {waits[0]:.1%} of an epoch "
-        f"({waits[1]:.1%} at {depth}), which no window is long enough to show; the depth is sized for the tail "
-        f"{TAIL_ERRORS:g} standard errors heavier (index {bound.index:.1f})"
+        f"; prefetch_factor={depth} (measured at {setting.prefetch}): the reads' times have a heavy tail, whose "
+        f"longest an epoch meets and no window is long enough to show; by the tail ({fitted}), "
+        f"{_outlasting(tail, workers * setting.prefetch, period)}, "
+        f"{_outlasting(tail, workers * depth, period, again=True)}; the depth is the fewest batches per worker, at "
+        f"most {deepest}, whose cover leaves the tail {TAIL_ERRORS:g} standard errors heavier (index "
+        f"{bound.index:.1f}) an expected wait under {TAIL_WAIT:.0%} of the loop's time (a model: not measured)"
     )
     return replace(setting, prefetch_factor=depth), reason
 
@@ -102,13 +100,28 @@ def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: 
             break
     if widened is setting:
         return setting, ""
-    waits = [tail_wait(tail, batches_in_flight=w * depth, period_s=period) for w in (workers, widened.num_workers)]
     reason = (
-        f"; num_workers={widened.num_workers} (measured at {workers}): at prefetch_factor={depth} the tail would "
-        f"leave the loop waiting {waits[0]:.1%} of an epoch ({waits[1]:.1%} with {widened.num_workers} persistent "
-        "workers, which mostly wait)"
+        f"; num_workers={widened.num_workers} (measured at {workers}): at prefetch_factor={depth}, by the same "
+        f"tail, {_outlasting(tail, workers * depth, period)}, "
+        f"{_outlasting(tail, widened.num_workers * depth, period, again=True)} with {widened.num_workers} "
+        "persistent workers, which mostly wait"
     )
     return widened, reason
+
+
+def _outlasting(tail: Tail, batches_in_flight: int, period_s: float, *, again: bool = False) -> str:
+    """How often ``tail`` puts a read past the time ``batches_in_flight`` cover at ``period_s`` a step, in words: the
+    chance a read stalls the loop, which is robust where the fitted index is near 1 and the expected wait is not."""
+    cover = batches_in_flight * period_s
+    odds = f"{1.0 / tail.share_beyond(cover):,.0f}"
+    if cover < tail.threshold_s:  # the tail starts past the cover: it bounds the chance from below only
+        odds = f"more than 1 in {odds}" if again else f"more than 1 read in {odds}"
+    else:
+        odds = f"1 in {odds}" if again else f"1 read in {odds}"
+    span = f"{cover * 1000:.0f} ms" if cover < 1.0 else f"{cover:.1f} s"
+    if again:
+        return f"{odds} the {span} that {batches_in_flight} cover"
+    return f"{odds} outlasts the {span} that {batches_in_flight} batches in flight cover"
 
 
 def model_only_decision(
