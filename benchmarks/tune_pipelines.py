@@ -145,11 +145,14 @@ def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     return watch.rate
 
 
-def tune(pipeline: Pipeline, epoch_steps: int) -> TuneDecision | None:
+def tune(
+    pipeline: Pipeline, epoch_steps: int, options: TuneOptions | None = None, start: Key = (0, None)
+) -> TuneDecision | None:
+    """Epoch 0 of a fit tuned with ``options`` (default ``TuneOptions()``) from the loader settings ``start``."""
     pl.seed_everything(0, verbose=False)
-    guard = LoadGuard(print_summary=False, auto_tune=TuneOptions())
+    guard = LoadGuard(print_summary=False, auto_tune=options or TuneOptions())
     trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
-    trainer.fit(pipeline.module(), loader(pipeline, epoch_steps, 0, None))
+    trainer.fit(pipeline.module(), loader(pipeline, epoch_steps, *start))
     return guard.decision
 
 
