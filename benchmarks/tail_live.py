@@ -6,23 +6,26 @@ A window of a few dozen reads rarely shows the longest an epoch meets, and the i
 read once the batches ahead of it run out; the tuner sizes the depth from the tail fitted to the reads it measured
 (rule ``tail_depth``, and ``tail_workers`` where the deepest depth is not enough), without a window of its own.
 
-For each case (``capped``: at most the user's 4 workers, so only the depth can cover the tail; ``free``: any
-count) the script
+The cases: ``capped`` (at most your 4 workers, so only the depth can cover the tail) and ``free`` (any count),
+each tuned in a fit of one ``--epoch-steps`` epoch, where the depth is the tail's to set; and ``walled``
+(``max_prefetch=2``, so the deepest depth cannot cover it), tuned over 10 epochs of ``--short-epoch-steps``, where
+restarting the workers costs enough of an epoch to make them persistent and ``tail_workers`` may add workers. For
+each case the script
 
-1. tunes epoch 0 of a fit with ``LoadGuard(auto_tune=...)``, starting from 4 workers at depth 2, and reads the
-   decision;
+1. tunes with ``LoadGuard(auto_tune=...)``, starting from 4 workers at depth 2 (yours), and reads the decision;
 2. measures steps/s (``tune_pipelines.steady_rate``: a Lightning fit without LoadGuard, after a warm-up, held to
-   the batches the workers finished) of the chosen setting and of depths 1, 2, 4, 8 and 16 at the chosen count,
-   in alternating rounds (the order rotated), each setting's figure the median over the rounds.
+   the batches the workers finished) of the chosen setting, of yours, and of depths 1, 2, 4, 8 and 16 at the chosen
+   count (``walled``: counts 4, 6, 8, 12 and 16 at depth 2), in alternating rounds (the order rotated), each
+   setting's figure the median over the rounds.
 
-"chosen / best depth" is the chosen setting against the fastest depth at its count; "chosen / depth 2" against
-the default depth. The goal: the chosen depth within 0.95 of the best depth at its count, and never slower than
-the default depth beyond the rounds' spread.
+"chosen / best" is the chosen setting against the fastest measured; "chosen / yours" against your 4 workers at
+depth 2. The goal: the chosen setting within 0.95 of the best, and never slower than yours beyond the rounds'
+spread.
 
 Usage::
 
-    python benchmarks/tail_live.py                      # both cases, 3 rounds
-    python benchmarks/tail_live.py --rounds 1 --steps 600
+    python benchmarks/tail_live.py                      # every case, 3 rounds
+    python benchmarks/tail_live.py --rounds 1 --steps 600 --cases walled
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from tune_pipelines import Pipeline, steady_rate, tune
 from workloads import commit
 
 DEPTHS = (1, 2, 4, 8, 16)
+COUNTS = (4, 6, 8, 12, 16)
+YOURS = (4, 2)
 
 
 class ParetoReads(Dataset):
@@ -85,7 +90,10 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=1000, help="epoch 0's steps, where the tuner probes")
     parser.add_argument("--steps", type=int, default=1500, help="steps measured per setting and round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds")
-    parser.add_argument("--cases", nargs="*", default=["capped", "free"], choices=["capped", "free"])
+    parser.add_argument("--short-epoch-steps", type=int, default=150, help="the walled case's epochs")
+    parser.add_argument(
+        "--cases", nargs="*", default=["capped", "free", "walled"], choices=["capped", "free", "walled"]
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     pipeline = Pipeline(
@@ -103,32 +111,34 @@ def main() -> None:
         flush=True,
     )
     for case in args.cases:
-        options = TuneOptions(max_workers=4) if case == "capped" else TuneOptions()
-        decision = tune(pipeline, args.epoch_steps, options, start=(4, 2))
+        if case == "walled":
+            options, epoch_steps, epochs = TuneOptions(max_prefetch=2), args.short_epoch_steps, 10
+        else:
+            options, epoch_steps, epochs = TuneOptions(max_workers=4 if case == "capped" else None), args.epoch_steps, 1
+        decision = tune(pipeline, epoch_steps, options, start=YOURS, epochs=epochs)
         if decision is None:
             print(f"\n{case}: not tuned")
             continue
         count = decision.num_workers
         chosen = (count, decision.prefetch_factor if count else None)
-        keys = [chosen] + [(count, d) for d in DEPTHS if count and (count, d) != chosen]
+        others = [(c, 2) for c in COUNTS] if case == "walled" else [(count, d) for d in DEPTHS if count]
+        keys = list(dict.fromkeys([chosen, YOURS, *others]))
         runs: dict[tuple[int, int | None], list[float]] = {k: [] for k in keys}
         for r in range(args.rounds):
             for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
                 runs[key].append(steady_rate(pipeline, key, args.steps, warmup=20))
         rate = {k: statistics.median(v) for k, v in runs.items()}
-        depths = [k for k in keys if k != chosen or k[1] in DEPTHS]
-        best = max(depths, key=rate.__getitem__) if depths else chosen
-        default = rate.get((count, 2), rate[chosen])
+        best = max(keys, key=rate.__getitem__)
         print(f"\n{case}: {decision.verdict}, {decision.reason}")
-        print("| setting | steps/s (median) | rounds | / best depth |")
+        print("| setting | steps/s (median) | rounds | / best |")
         print("|---|---|---|---|")
         for key in keys:
-            mark = " (chosen)" if key == chosen else ""
+            mark = " (chosen)" if key == chosen else " (yours)" if key == YOURS else ""
             rounds = " ".join(f"{v:.1f}" for v in runs[key])
             print(f"| w={key[0]} p={key[1]}{mark} | {rate[key]:.1f} | {rounds} | {rate[key] / rate[best]:.3f} |")
         print(
-            f"chosen / best depth: {rate[chosen] / rate[best]:.3f} (goal >= 0.95); chosen / depth 2: "
-            f"{rate[chosen] / default:.3f}; probe steps {decision.probe_steps} / {decision.probe_budget_steps}",
+            f"chosen / best: {rate[chosen] / rate[best]:.3f} (goal >= 0.95); chosen / yours: "
+            f"{rate[chosen] / rate[YOURS]:.3f}; probe steps {decision.probe_steps} / {decision.probe_budget_steps}",
             flush=True,
         )
         # The odds the reason states, from the tail fitted to the reads measured, against the dataset's own reads.

@@ -146,12 +146,17 @@ def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
 
 
 def tune(
-    pipeline: Pipeline, epoch_steps: int, options: TuneOptions | None = None, start: Key = (0, None)
+    pipeline: Pipeline,
+    epoch_steps: int,
+    options: TuneOptions | None = None,
+    start: Key = (0, None),
+    epochs: int = 1,
 ) -> TuneDecision | None:
-    """Epoch 0 of a fit tuned with ``options`` (default ``TuneOptions()``) from the loader settings ``start``."""
+    """A fit of ``epochs`` epochs tuned with ``options`` (default ``TuneOptions()``) from the loader settings
+    ``start``; its decision (``None`` where the probing span outlasts the fit)."""
     pl.seed_everything(0, verbose=False)
     guard = LoadGuard(print_summary=False, auto_tune=options or TuneOptions())
-    trainer = quiet_trainer(max_epochs=1, callbacks=[guard])
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=[guard])
     trainer.fit(pipeline.module(), loader(pipeline, epoch_steps, *start))
     return guard.decision
 
