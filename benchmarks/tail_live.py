@@ -142,9 +142,8 @@ def main() -> None:
             flush=True,
         )
         # The odds the reason states, from the tail fitted to the reads measured, against the dataset's own reads.
-        for odds, span, unit in re.findall(
-            r"1 (?:read )?in ([\d,]+)(?: outlasts)? the ([\d.]+) (ms|s) that", decision.reason
-        ):
+        stated = re.findall(r"1 (?:read )?in ([\d,]+)(?: outlasts)? the ([\d.]+) (ms|s) that", decision.reason)
+        for odds, span, unit in dict.fromkeys(stated):
             cover = float(span) / (1000 if unit == "ms" else 1)
             past = max(1, len(ascending) - bisect.bisect_right(ascending, cover))
             truth = f"{len(ascending) / past:,.0f}"

@@ -1329,7 +1329,7 @@ def test_persistent_workers_grow_to_the_count_whose_batches_in_flight_cover_the_
     assert needed == 10
     widened, reason = tail_widened(tail, LoaderSettings(8, 8, persistent_workers=True), HostBudget(64, "cores"), 100.0)
     assert widened == LoaderSettings(needed, 8, persistent_workers=True)
-    assert "num_workers=10 (measured at 8)" in reason
+    assert "num_workers=10 (measured at 8)" in reason and "by the reads' tail (index 3.0)" in reason
     odds = [f"{1 / tail.share_beyond(n * 8 * period):,.0f}" for n in (8, 10)]  # covers of 0.64 s and 0.8 s
     assert f"1 read in {odds[0]} outlasts the 640 ms that 64 batches" in reason
     assert f"1 in {odds[1]} the 800 ms that 80 cover with 10 persistent workers" in reason

@@ -64,10 +64,9 @@ def tail_deepened(
     depth = tail_depth(bound, num_workers=workers, period_s=period, deepest=deepest)
     if depth <= setting.prefetch:
         return setting, ""
-    fitted = f"index {tail.index:.1f}" + (f", fitted to the {tail.top} longest reads" if tail.top else "")
     reason = (
         f"; prefetch_factor={depth} (measured at {setting.prefetch}): the reads' times have a heavy tail, whose "
-        f"longest an epoch meets and no window is long enough to show; by the tail ({fitted}), "
+        f"longest an epoch meets and no window is long enough to show; by the tail ({_fitted(tail)}), "
         f"{_outlasting(tail, workers * setting.prefetch, period)}, "
         f"{_outlasting(tail, workers * depth, period, again=True)}; the depth is the fewest batches per worker, at "
         f"most {deepest}, whose cover leaves the tail {TAIL_ERRORS:g} standard errors heavier (index "
@@ -101,12 +100,17 @@ def tail_widened(tail: Tail, setting: LoaderSettings, budget: HostBudget, rate: 
     if widened is setting:
         return setting, ""
     reason = (
-        f"; num_workers={widened.num_workers} (measured at {workers}): at prefetch_factor={depth}, by the same "
-        f"tail, {_outlasting(tail, workers * depth, period)}, "
+        f"; num_workers={widened.num_workers} (measured at {workers}): at prefetch_factor={depth}, by the reads' "
+        f"tail ({_fitted(tail)}), {_outlasting(tail, workers * depth, period)}, "
         f"{_outlasting(tail, widened.num_workers * depth, period, again=True)} with {widened.num_workers} "
         "persistent workers, which mostly wait"
     )
     return widened, reason
+
+
+def _fitted(tail: Tail) -> str:
+    """The tail in words: its index, and how many reads it was fitted to."""
+    return f"index {tail.index:.1f}" + (f", fitted to the {tail.top} longest reads" if tail.top else "")
 
 
 def _outlasting(tail: Tail, batches_in_flight: int, period_s: float, *, again: bool = False) -> str:
