@@ -117,11 +117,9 @@ def _outlasting(tail: Tail, batches_in_flight: int, period_s: float, *, again: b
     """How often ``tail`` puts a read past the time ``batches_in_flight`` cover at ``period_s`` a step, in words: the
     chance a read stalls the loop, which is robust where the fitted index is near 1 and the expected wait is not."""
     cover = batches_in_flight * period_s
-    odds = f"{1.0 / tail.share_beyond(cover):,.0f}"
-    if cover < tail.threshold_s:  # the tail starts past the cover: it bounds the chance from below only
-        odds = f"more than 1 in {odds}" if again else f"more than 1 read in {odds}"
-    else:
-        odds = f"1 in {odds}" if again else f"1 read in {odds}"
+    # Where the tail starts past the cover, it bounds the chance from below only.
+    bound = "more than " if cover < tail.threshold_s else ""
+    odds = f"{bound}1 {'' if again else 'read '}in {1.0 / tail.share_beyond(cover):,.0f}"
     span = f"{cover * 1000:.0f} ms" if cover < 1.0 else f"{cover:.1f} s"
     if again:
         return f"{odds} the {span} that {batches_in_flight} cover"
