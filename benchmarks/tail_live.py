@@ -46,7 +46,7 @@ from torch.utils.data import Dataset
 from lightning_loadguard import TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_pipelines import Pipeline, steady_rate, tune
+from tune_pipelines import Pipeline, rotated_rounds, steady_rate, tune
 from workloads import commit
 
 DEPTHS = (1, 2, 4, 8, 16)
@@ -123,10 +123,7 @@ def main() -> None:
         chosen = (count, decision.prefetch_factor if count else None)
         others = [(c, 2) for c in COUNTS] if case == "walled" else [(count, d) for d in DEPTHS if count]
         keys = list(dict.fromkeys([chosen, YOURS, *others]))
-        runs: dict[tuple[int, int | None], list[float]] = {k: [] for k in keys}
-        for r in range(args.rounds):
-            for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-                runs[key].append(steady_rate(pipeline, key, args.steps, warmup=20))
+        runs = rotated_rounds(keys, args.rounds, lambda k: steady_rate(pipeline, k, args.steps, warmup=20))
         rate = {k: statistics.median(v) for k, v in runs.items()}
         best = max(keys, key=rate.__getitem__)
         print(f"\n{case}: {decision.verdict}, {decision.reason}")

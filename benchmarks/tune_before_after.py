@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_pipelines import Key, _load, label, pipelines, steady_rate, tune
+from tune_pipelines import Key, _load, label, pipelines, rotated_rounds, steady_rate, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,10 +78,7 @@ def main() -> None:
             keys: list[Key] = [(0, None), (1, 2), (2, 2), (3, 2), (4, 2)]
             chosen = [tuple(before["key"]), tuple(after["key"])]  # type: ignore[arg-type]
             keys += [k for k in chosen if k not in keys]  # type: ignore[misc]
-            runs: dict[Key, list[float]] = {k: [] for k in keys}
-            for r in range(args.rounds):
-                for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
-                    runs[k].append(steady_rate(pipeline, k, args.steps, 20))
+            runs = rotated_rounds(keys, args.rounds, lambda k, p=pipeline: steady_rate(p, k, args.steps, 20))
             rate = {k: statistics.median(v) for k, v in runs.items()}
             rows.append(_row(pipeline.name, before, after, rate))
             print(f"{pipeline.name}: done (load {_load()})\n{rows[-1]}", flush=True)

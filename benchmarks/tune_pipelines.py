@@ -145,6 +145,16 @@ def steady_rate(pipeline: Pipeline, key: Key, steps: int, warmup: int) -> float:
     return watch.rate
 
 
+def rotated_rounds(keys: list[Key], rounds: int, measure: Callable[[Key], float]) -> dict[Key, list[float]]:
+    """Each key's figures over ``rounds`` rounds, every key measured once a round in an order rotated each round, so
+    that no setting always runs first."""
+    runs: dict[Key, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            runs[key].append(measure(key))
+    return runs
+
+
 def tune(
     pipeline: Pipeline,
     epoch_steps: int,
@@ -202,12 +212,7 @@ def main() -> None:
             tuned_key: Key = (decision.num_workers, decision.prefetch_factor) if decision else (0, None)
             keys: list[Key] = sorted({(w, p if w else None) for w, p in product(workers_grid, prefetch_grid)}, key=str)
             keys += [k for k in [(suggestion, 2), tuned_key] if k not in keys]
-            runs: dict[Key, list[float]] = {k: [] for k in keys}
-            for r in range(rounds):
-                order = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotated: no setting always runs first
-                this_round = {k: steady_rate(pipeline, k, steps, warmup) for k in order}
-                for k, v in this_round.items():
-                    runs[k].append(v)
+            runs = rotated_rounds(keys, rounds, lambda k, p=pipeline: steady_rate(p, k, steps, warmup))
             rate = {k: statistics.median(v) for k, v in runs.items()}
             best_key = max((k for k in keys if k != (suggestion, 2) or k[0] in workers_grid), key=rate.__getitem__)
             # The grid's best is the largest of many noisy medians, so its own figure errs high (the winner's
