@@ -1305,10 +1305,14 @@ def test_kept_settings_whose_workers_keep_up_get_the_depth_the_reads_tail_asks_f
     assert deepened.verdict == "compute_bound" and deepened.num_workers == 16, deepened.table()
     assert deepened.prefetch_factor > 2 and "tail" in deepened.reason and "measured at 2" in deepened.reason
     assert true_wait(deepened.prefetch_factor) < 0.03 < true_wait(2), deepened.table()
+    # The reason says your settings are kept with more in flight, not kept as they were.
+    kept = "your settings are kept, with more batches in flight for the reads' tail; prefetch_factor="
+    assert kept in deepened.reason, deepened.reason
     computed = decide(heavy, 0.9)
     assert computed.setting.same_loader(computed.original) and "tail" not in computed.reason, computed.table()
     steady = decide((0.05,) * 24, 0.02)
     assert steady.setting.same_loader(steady.original) and "tail" not in steady.reason, steady.table()
+    assert steady.reason.endswith("your settings are kept"), steady.reason
 
 
 def _workers_covering(index: float, threshold_s: float, share: float, period_s: float, depth: int) -> int:

@@ -186,12 +186,13 @@ def start_names(retune: bool) -> tuple[str, str]:
 
 
 def verdict_of(
-    user: Arm, chosen: Arm, fastest: Arm, min_gain: float, *, retune: bool = False
+    user: Arm, chosen: Arm, fastest: Arm, min_gain: float, *, retune: bool = False, for_tail: bool = False
 ) -> tuple[TuneVerdict, str, float]:
     """The verdict on keeping ``chosen``, the sentence that says why, and the share of the loop still lost to data
     wait (0 below :data:`~lightning_loadguard.model.capacity.WAIT_OK`). ``user``: the arm of the settings the
     probing started from (``retune``: an earlier decision's, not the user's); ``fastest``: the fastest arm that beat
-    them, of which ``chosen`` is the roomiest alike.
+    them, of which ``chosen`` is the roomiest alike; ``for_tail``: the decision adds batches in flight to ``chosen``
+    for the reads' tail (:mod:`~lightning_loadguard.tuning.depth`), which the sentence says where it keeps them.
 
     Example:
         >>> from lightning_loadguard.meters.window import WindowSnapshot
@@ -201,6 +202,8 @@ def verdict_of(
         ('improved', '2.00x the steps/s of your settings', 0.0)
     """
     start, kept = start_names(retune)
+    if for_tail:
+        kept += ", with more batches in flight for the reads' tail"
     deficit = winnable(chosen)
     deficit = 0.0 if deficit < WAIT_OK else deficit
     # Without workers the loss is the main process's own loading, which the counts measured did not win back.

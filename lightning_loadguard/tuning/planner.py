@@ -402,24 +402,25 @@ class Planner:
         fastest = max(winners, key=lambda a: a.rate) if winners else user
         chosen = roomiest(fastest, winners) if "roomiest" in self.rules else fastest
         before, after = user.rate, chosen.rate
-        verdict, reason, deficit = verdict_of(user, chosen, fastest, self.options.min_gain, retune=self.retune)
-        bounded_by = self._bounded_by(chosen.setting) if deficit > 0 else None
-        if bounded_by:
-            reason += f" (bounded by {bounded_by})"
-        setting = chosen.setting
+        setting, deepened, widened, persisted = chosen.setting, "", "", ""
         tail = epoch_tail(chosen, self.arms.values()) if "tail_depth" in self.rules else None
         if tail is not None:
             setting, deepened = tail_deepened(tail, setting, self.budget, self.options, after)
-            reason += deepened
         self.chosen = chosen
         persistent = setting.persistent_workers
         if not persistent and self._starts.persistent(chosen.setting, after, map_style):
             persistent = True
             if chosen is user:
-                reason += "; persistent_workers turned on: " + self._starts.against_steps(chosen.setting, after)
+                persisted = "; persistent_workers turned on: " + self._starts.against_steps(chosen.setting, after)
         if persistent and tail is not None and "tail_workers" in self.rules:
             setting, widened = tail_widened(tail, setting, self.budget, after)
-            reason += widened
+        verdict, reason, deficit = verdict_of(
+            user, chosen, fastest, self.options.min_gain, retune=self.retune, for_tail=bool(deepened or widened)
+        )
+        bounded_by = self._bounded_by(chosen.setting) if deficit > 0 else None
+        if bounded_by:
+            reason += f" (bounded by {bounded_by})"
+        reason += deepened + persisted + widened
         cost = max(0.0, self.probe_time_s - self.probe_steps / after) if after > 0 else self.probe_time_s
         return TuneDecision.of(
             replace(setting, persistent_workers=persistent),
