@@ -140,6 +140,8 @@ def main() -> None:
         )
         # The odds the reason states, from the tail fitted to the reads measured, against the dataset's own reads.
         stated = re.findall(r"1 (?:read )?in ([\d,]+)(?: outlasts)? the ([\d.]+) (ms|s) that", decision.reason)
+        if "tail (index" in decision.reason and not stated:
+            raise SystemExit(f"{case}: the reason names a tail but no odds this script reads: {decision.reason}")
         for odds, span, unit in dict.fromkeys(stated):
             cover = float(span) / (1000 if unit == "ms" else 1)
             past = max(1, len(ascending) - bisect.bisect_right(ascending, cover))
