@@ -11,6 +11,7 @@ Usage::
     python benchmarks/tune_ablation.py --jobs 2                 # every rule, 500 + 500 pipelines
     python benchmarks/tune_ablation.py --count 100 --rules twice,halve
     python benchmarks/tune_ablation.py --jobs 2 --rules start_cost --no-persistent   # tune_persistent_workers=False
+    python benchmarks/tune_ablation.py --jobs 2 --draws 3       # each pipeline tuned in 3 runs of independent noise
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_sweep import FULL, Score, generate, map_seeds, planner_without, score_planners, summary
+from sim_sweep import FULL, Score, draw_seeds, generate, map_seeds, planner_without, score_planners, summary
 from workloads import commit
 
 from lightning_loadguard.tuning.planner import RULES
 
 
-def _one(seed: int, rules: tuple[str, ...], persistent: bool = True) -> dict[str, Score]:
-    return score_planners(generate(seed), {r: planner_without(r) for r in rules}, seed=seed, persistent=persistent)
+def _one(seed: int, rules: tuple[str, ...], persistent: bool = True, draws: int = 1) -> list[dict[str, Score]]:
+    p, planners = generate(seed), {r: planner_without(r) for r in rules}
+    return [score_planners(p, planners, seed=k, persistent=persistent) for k in draw_seeds(seed, draws)]
 
 
 def _moved(scores: list[dict[str, Score]], rule: str) -> tuple[int, int]:
@@ -55,6 +57,13 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument(
+        "--draws",
+        type=int,
+        default=1,
+        help="runs of independent noise each pipeline is tuned in (by every planner alike); shares are over every "
+        "run, pipelines moved are counted per run",
+    )
+    parser.add_argument(
         "--no-persistent",
         action="store_true",
         help="tune with TuneOptions(tune_persistent_workers=False) (the grid's best may still be persistent)",
@@ -66,12 +75,15 @@ def main() -> None:
         parser.error(f"--rules: unknown {', '.join(unknown)}; the rules are {', '.join(sorted(RULES))}")
     started = time.perf_counter()
     every = (FULL, *rules)
-    run = partial(_one, rules=every, persistent=not args.no_persistent)
-    dev = map_seeds(run, range(args.count), args.jobs)
-    held = map_seeds(run, range(500, 500 + args.count), args.jobs)
+    run = partial(_one, rules=every, persistent=not args.no_persistent, draws=args.draws)
+    dev, held = (
+        [s for runs in map_seeds(run, seeds, args.jobs) for s in runs]
+        for seeds in (range(args.count), range(500, 500 + args.count))
+    )
+    draws = f", each tuned in {args.draws} draws of noise: counts are runs" if args.draws > 1 else ""
     print(
         f"{args.count} + {args.count} pipelines (seeds 0 to {args.count - 1}, development; 500 to "
-        f"{499 + args.count}, held out), commit {commit()}, {time.perf_counter() - started:.0f} s"
+        f"{499 + args.count}, held out{draws}), commit {commit()}, {time.perf_counter() - started:.0f} s"
         + ("; tune_persistent_workers=False" if args.no_persistent else "")
         + "\n"
     )

@@ -15,6 +15,7 @@ Usage::
     python benchmarks/tune_sweep.py --truth-seeds 4   # each setting's rate the mean of 4 runs
     python benchmarks/tune_sweep.py --truth steady    # the steady state of one endless epoch instead
     python benchmarks/tune_sweep.py --measured        # also: the search's reach and the ranking's, apart
+    python benchmarks/tune_sweep.py --draws 3         # each pipeline tuned in 3 runs of independent noise
 """
 
 from __future__ import annotations
@@ -27,12 +28,27 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sim_sweep import Score, generate, map_seeds, score, search_table, summary, table
+from sim_sweep import Score, draw_seeds, generate, map_seeds, score_draws, search_table, summary, table
 from workloads import commit
 
 
-def _one(seed: int, truth_seeds: int = 1, per_epoch: bool = True, measured: bool = False) -> Score:
-    return score(generate(seed), seed=seed, truth_seeds=truth_seeds, per_epoch=per_epoch, measured=measured)
+def _one(
+    seed: int, draws: int = 1, truth_seeds: int = 1, per_epoch: bool = True, measured: bool = False
+) -> list[Score]:
+    return score_draws(
+        generate(seed), draw_seeds(seed, draws), truth_seeds=truth_seeds, per_epoch=per_epoch, measured=measured
+    )
+
+
+def _by_draw(runs: list[list[Score]]) -> str:
+    """Each draw's share at >= 0.95 of the best, and how many pipelines reach it in every draw, in some, in none."""
+    shares = [sum(run[k].ratio >= 0.95 for run in runs) / len(runs) for k in range(len(runs[0]))]
+    met = [sum(s.ratio >= 0.95 for s in run) for run in runs]
+    every, none = sum(m == len(run) for m, run in zip(met, runs, strict=True)), met.count(0)
+    return (
+        f"tuned >= 0.95 x best in each draw: {', '.join(f'{x:.1%}' for x in shares)}; pipelines at it in every "
+        f"draw: {every}, in some: {len(runs) - every - none}, in none: {none}"
+    )
 
 
 def _histogram(scores: list[Score]) -> str:
@@ -60,19 +76,32 @@ def main() -> None:
         help="also rate every setting the planner measured: how often the best of them is within 0.95 of the "
         "best (the search's reach) and the choice within 0.95 of it (the ranking's)",
     )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=1,
+        help="runs of independent noise (background load, drift, costs) each pipeline is tuned in, each scored "
+        "against the same truth; the table's shares are over every run",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--worst", type=int, default=15, help="list this many of the worst pipelines")
     args = parser.parse_args()
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.count)
-    one = partial(_one, truth_seeds=args.truth_seeds, per_epoch=args.truth == "epoch", measured=args.measured)
-    scores = map_seeds(one, seeds, args.jobs)
+    one = partial(
+        _one, draws=args.draws, truth_seeds=args.truth_seeds, per_epoch=args.truth == "epoch", measured=args.measured
+    )
+    runs = map_seeds(one, seeds, args.jobs)
+    scores = [s for run in runs for s in run]
+    draws = f", each tuned in {args.draws} draws of noise: the table counts runs" if args.draws > 1 else ""
     print(
-        f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}; truth: each setting's {args.truth} "
+        f"{args.count} pipelines (seeds {seeds.start} to {seeds.stop - 1}{draws}; truth: each setting's {args.truth} "
         f"rate, the mean of {args.truth_seeds} runs), commit {commit()}, {time.perf_counter() - started:.0f} s\n"
     )
     figures = summary(scores)
     print(table(figures))
+    if args.draws > 1:
+        print(f"\n{_by_draw(runs)}")
     if args.measured:
         print(f"\n{search_table(figures)}")
     print(f"\ntuned / best: {_histogram(scores)}")

@@ -185,14 +185,15 @@ class Sim:
     def __init__(self, pipeline: SimPipeline, settings: LoaderSettings, seed: int = 0) -> None:
         self.p = pipeline
         # One stream per source of chance: two settings run with one seed see the same background load at the
-        # same times and the same sequence of costs (common random numbers: their difference is less noisy).
-        self.rng = random.Random(seed)
+        # same times and the same sequence of costs (common random numbers: their difference is less noisy). None
+        # is random.Random(seed), the stream sim_sweep.generate(seed) draws the pipeline from: the drift's phase
+        # drawn from it followed the pipeline's core count (both read its first word).
         self._load_rng = random.Random(seed * 7919 + 1)
         self._io = pipeline.io.sampler(random.Random(seed * 7919 + 2))
         self._cpu = pipeline.cpu.sampler(random.Random(seed * 7919 + 3))
         host = pipeline.host
         self.cores = float(host.cores)
-        self._drift_phase = self.rng.uniform(0, 2 * math.pi)
+        self._drift_phase = random.Random(seed * 7919 + 4).uniform(0, 2 * math.pi)
         self.now = 0.0
         self._vt = 0.0  # the virtual time: CPU seconds one runnable worker thread has received
         self._seq = 0

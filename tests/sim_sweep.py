@@ -263,6 +263,15 @@ def grid_best(p: SimPipeline, truth: _Truth) -> LoaderSettings:
     return max(rated, key=rated.__getitem__)
 
 
+DRAW_STRIDE = 100_000
+"""Tune seeds of one pipeline's noise draws are its seed plus multiples of this (past every pipeline seed drawn)."""
+
+
+def draw_seeds(seed: int, draws: int) -> list[int]:
+    """The tune seeds of ``draws`` noise draws of pipeline ``seed``: the first is ``seed`` itself."""
+    return [seed + k * DRAW_STRIDE for k in range(draws)]
+
+
 def score(
     p: SimPipeline,
     *,
@@ -276,15 +285,31 @@ def score(
     """Tune ``p`` on the simulator and score the choice against the ground truth (rates over ``truth_steps``
     steps, the mean of ``truth_seeds`` runs; per epoch, or with ``per_epoch=False`` in the steady state);
     ``measured``: also rate every setting the planner measured (:attr:`Score.measured_best_rate`)."""
-    return score_planners(
+    return score_draws(
         p,
-        {"": planner},
-        seed=seed,
+        [seed],
+        planner=planner,
         truth_steps=truth_steps,
         truth_seeds=truth_seeds,
         per_epoch=per_epoch,
         measured=measured,
-    )[""]
+    )[0]
+
+
+def score_draws(
+    p: SimPipeline,
+    seeds: Iterable[int],
+    *,
+    planner: PlannerFactory = Planner,
+    truth_steps: int = 600,
+    truth_seeds: int = 1,
+    per_epoch: bool = True,
+    measured: bool = False,
+) -> list[Score]:
+    """:func:`score` for each tune seed of ``seeds`` (the run's noise drawn anew: background load, drift,
+    costs), on one ground truth."""
+    truth = _Truth(p, truth_steps, truth_seeds, per_epoch)
+    return [_scored(p, truth, planner, seed, measured=measured) for seed in seeds]
 
 
 def score_planners(
@@ -301,30 +326,33 @@ def score_planners(
     """:func:`score` for each of ``planners`` on one ground truth (each setting's rate simulated once);
     ``persistent``: ``TuneOptions.tune_persistent_workers``."""
     truth = _Truth(p, truth_steps, truth_seeds, per_epoch)
-    grid = grid_best(p, truth)
-    user_rate = truth(p.user)
-    scores = {}
-    for name, planner in planners.items():
-        options = TuneOptions(max_workers=p.max_workers, tune_persistent_workers=persistent)
-        tuned = tune(p, options, seed=seed, planner=planner)
-        chosen_rate = truth(tuned.chosen)
-        # The grid need not hold the user's settings nor the chosen ones: the best is the fastest of the three.
-        d = tuned.decision
-        tried = _measured_settings(d.candidates if d else (), p.user) if measured else []
-        best = max((grid, p.user, tuned.chosen, *tried), key=truth)
-        scores[name] = Score(
-            pipeline=p,
-            chosen=tuned.chosen,
-            best=best,
-            chosen_rate=chosen_rate,
-            user_rate=user_rate,
-            best_rate=truth(best),
-            probe_steps=d.probe_steps if d else 0,
-            budget_steps=d.probe_budget_steps if d else 0,
-            verdict=d.verdict if d else "not_tuned",
-            measured_best_rate=max(map(truth, tried)) if tried else None,
-        )
-    return scores
+    return {
+        name: _scored(p, truth, planner, seed, measured=measured, persistent=persistent)
+        for name, planner in planners.items()
+    }
+
+
+def _scored(
+    p: SimPipeline, truth: _Truth, planner: PlannerFactory, seed: int, *, measured: bool, persistent: bool = True
+) -> Score:
+    options = TuneOptions(max_workers=p.max_workers, tune_persistent_workers=persistent)
+    tuned = tune(p, options, seed=seed, planner=planner)
+    d = tuned.decision
+    tried = _measured_settings(d.candidates if d else (), p.user) if measured else []
+    # The grid need not hold the user's settings nor the chosen ones: the best is the fastest of the three.
+    best = max((grid_best(p, truth), p.user, tuned.chosen, *tried), key=truth)
+    return Score(
+        pipeline=p,
+        chosen=tuned.chosen,
+        best=best,
+        chosen_rate=truth(tuned.chosen),
+        user_rate=truth(p.user),
+        best_rate=truth(best),
+        probe_steps=d.probe_steps if d else 0,
+        budget_steps=d.probe_budget_steps if d else 0,
+        verdict=d.verdict if d else "not_tuned",
+        measured_best_rate=max(map(truth, tried)) if tried else None,
+    )
 
 
 def _measured_settings(candidates: Iterable[CandidateResult], user: LoaderSettings) -> list[LoaderSettings]:
