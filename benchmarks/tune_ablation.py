@@ -69,6 +69,8 @@ def main() -> None:
         help="tune with TuneOptions(tune_persistent_workers=False) (the grid's best may still be persistent)",
     )
     args = parser.parse_args()
+    if args.draws < 1:
+        parser.error(f"--draws must be an integer >= 1, got {args.draws}")
     rules = [r for r in args.rules.split(",") if r]
     unknown = sorted(set(rules) - RULES)
     if unknown:

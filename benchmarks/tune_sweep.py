@@ -86,6 +86,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--worst", type=int, default=15, help="list this many of the worst pipelines")
     args = parser.parse_args()
+    if args.draws < 1:
+        parser.error(f"--draws must be an integer >= 1, got {args.draws}")
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.count)
     one = partial(

@@ -183,3 +183,17 @@ def test_the_windows_cpu_reading_counts_the_cpu_seconds_the_known_costs_spend() 
     assert window.batches_made is not None
     assert use.worker_cores * use.window_s == pytest.approx(window.batches_made * 0.020, abs=4 * 0.020)
     assert 0.5 < use.other_cores < 2.0  # the other work's share of two cores among its two threads and the rest
+
+
+def test_the_drift_phase_a_run_draws_does_not_follow_the_pipelines_core_count() -> None:
+    # The sweep tunes pipeline `seed` with tune seed `seed`: a phase drawn from random.Random(seed), the stream the
+    # generator draws the pipeline from, followed its core count (on 64 cores it never fell below 3.5 rad), so each
+    # core count met the host's drift at much the same point of its probing.
+    from sim_sweep import generate
+
+    phases: dict[int, list[float]] = {}
+    for seed in range(400):
+        p = generate(seed)
+        phases.setdefault(p.host.cores, []).append(Sim(p, p.user, seed=seed)._drift_phase)
+    for cores, drawn in phases.items():
+        assert len(drawn) >= 30 and min(drawn) < 1.0 and max(drawn) > 5.3, (cores, min(drawn), max(drawn))
